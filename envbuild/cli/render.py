@@ -1,0 +1,72 @@
+"""How the CLI shows things: JSON on stdout for scripts, text for people, errors on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from envbuild.fsio import canonical_json
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(canonical_json(obj))
+
+
+def echo(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def error_lines(lines: list[str]) -> None:
+    if not lines:
+        return
+    sys.stderr.write(f"error: {lines[0]}\n")
+    for line in lines[1:]:
+        sys.stderr.write(f"{line}\n")
+
+
+def problem_lines(lines: list[str]) -> None:
+    """Located problems already say their severity; print them as they are."""
+    for line in lines:
+        sys.stderr.write(f"{line}\n")
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            return f"{record.levelname.lower()}: {msg}"
+        return msg
+
+
+def setup_logging(verbose: int, quiet: bool) -> logging.Handler:
+    """Route the core's log records to stderr. Returns the handler so the caller can remove it."""
+    logger = logging.getLogger("envbuild")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose else logging.INFO)
+    handler.setLevel(level)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    return handler
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """TOML text for a JSON-like mapping (keys with no value are left out: TOML has no null)."""
+    import tomli_w
+
+    return tomli_w.dumps(_drop_none(data))

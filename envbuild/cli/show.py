@@ -1,0 +1,42 @@
+"""`envbuild show SPEC`: the fully merged spec, with defaults filled in."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+from envbuild.spec import load_spec
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "show",
+        help="print the fully merged spec (extends resolved, defaults filled in)",
+        description="Print SPEC after its extends are merged and defaults are filled in.",
+    )
+    p.add_argument("spec", metavar="SPEC")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec)
+    data = loaded.spec.model_dump(mode="json")
+    if args.json:
+        render.emit_json(
+            {
+                "spec": data,
+                "files": [loaded.display(f) for f in loaded.files],
+                "spec_hash": loaded.spec_hash(),
+            }
+        )
+    else:
+        render.echo(
+            f"# {loaded.display(loaded.path)} (merged from "
+            f"{', '.join(loaded.display(f) for f in loaded.files)})"
+        )
+        render.echo(f"# spec hash: {loaded.spec_hash()}")
+        render.echo(render.to_toml(data).rstrip())
+    return ExitCode.OK

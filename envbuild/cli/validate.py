@@ -1,0 +1,50 @@
+"""`envbuild validate SPEC...`: check specs, report every problem at once."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode, Problem, SpecError
+from envbuild.spec.validate import validate
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "validate",
+        help="check specs: types, unknown keys, and whether the GPU stack fits together",
+        description="Validate each SPEC. Every problem is reported with its file, line, key and "
+        "a fix; errors make the exit code 2, warnings alone do not.",
+    )
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (TOML)")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    results: list[dict[str, Any]] = []
+    failed = False
+    for path in args.specs:
+        problems: list[Problem]
+        try:
+            report = validate(path)
+            problems = report.warnings
+            ok = True
+            name = report.loaded.name
+        except SpecError as exc:
+            problems, ok, name = exc.problems, False, None
+            if not args.json and len(args.specs) == 1:
+                raise
+        failed |= not ok
+        results.append(
+            {"spec": path, "name": name, "ok": ok, "problems": [p.as_dict() for p in problems]}
+        )
+        if not args.json:
+            for problem in problems:
+                render.echo(problem.render())
+            if ok:
+                render.echo(f"{path}: ok" + (f" ({len(problems)} warnings)" if problems else ""))
+    if args.json:
+        render.emit_json({"results": results})
+    return ExitCode.USER_ERROR if failed else ExitCode.OK

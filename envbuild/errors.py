@@ -1,0 +1,177 @@
+"""envbuild's one error tree.
+
+Every error the core raises is an :class:`EnvbuildError`. The CLI maps each branch to an exit code
+and a rendering; the core never prints and never exits.
+
+* :class:`UserError` (exit 2): the input is wrong (a spec, an argument, a manifest). The message
+  names the place and says how to fix it.
+* :class:`EnvironmentFailure` (exit 3): the input may be fine but the world is not: a tool is
+  missing, a command failed, the network or the engine did not answer, the disk is full.
+
+Exit 1 is not an error: it means a command found a difference (a stale lock, a drift, a diff).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class ExitCode:
+    OK = 0
+    DIFFERENT = 1
+    USER_ERROR = 2
+    ENVIRONMENT = 3
+    INTERNAL = 4
+    INTERRUPTED = 130
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One located problem with an input file.
+
+    ``key`` is the dotted path of the offending key (``serve.tensor_parallel_size``), ``line``
+    its 1-based line in ``file`` when known.
+    """
+
+    file: str
+    line: int | None
+    key: str
+    message: str
+    hint: str | None = None
+    severity: Severity = Severity.ERROR
+
+    def render(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        key = f" {self.key}:" if self.key else ""
+        text = f"{where}:{key} {self.severity.value}: {self.message}"
+        if self.hint:
+            text += f" (fix: {self.hint})"
+        return text
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "key": self.key,
+            "message": self.message,
+            "hint": self.hint,
+            "severity": self.severity.value,
+        }
+
+
+class EnvbuildError(Exception):
+    """Base of every error envbuild raises on purpose."""
+
+    exit_code: int = ExitCode.ENVIRONMENT
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def lines(self) -> list[str]:
+        """The message as the CLI shows it, one item per line."""
+        out = [self.message]
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class UserError(EnvbuildError):
+    """The input is wrong: fix the spec, the arguments or the file named."""
+
+    exit_code = ExitCode.USER_ERROR
+
+
+class UsageError(UserError):
+    """Bad command-line arguments."""
+
+
+class InputFileError(UserError):
+    """A file named on the command line is missing, unreadable, empty or not what it should be."""
+
+    def __init__(self, path: Path | str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{path}: {message}", hint=hint)
+        self.path = str(path)
+
+
+class SpecError(UserError):
+    """A spec has one or more errors. Carries every problem found, not only the first."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line or 0, p.key, p.message))
+        errors = [p for p in self.problems if p.severity is Severity.ERROR]
+        first = errors[0] if errors else (self.problems[0] if self.problems else None)
+        summary = first.render() if first else "invalid spec"
+        if len(errors) > 1:
+            summary += f" (and {len(errors) - 1} more)"
+        super().__init__(summary)
+
+    def lines(self) -> list[str]:
+        return [p.render() for p in self.problems]
+
+
+class ManifestError(UserError):
+    """A lockfile, snapshot or build manifest cannot be read or is of an unknown format."""
+
+
+class OutputError(UserError):
+    """An output path cannot be written (missing parent, permissions, read-only file system)."""
+
+
+class EnvironmentFailure(EnvbuildError):
+    """The world is not as needed: a missing tool, a failed command, no network, no engine."""
+
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class ToolNotFound(EnvironmentFailure):
+    def __init__(self, tool: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{tool} was not found", hint=hint)
+        self.tool = tool
+
+
+class ToolFailed(EnvironmentFailure):
+    """An external command exited non-zero. Carries the redacted argv and the output's tail."""
+
+    def __init__(
+        self,
+        tool: str,
+        argv: Sequence[str],
+        returncode: int,
+        output_tail: str,
+        *,
+        hint: str | None = None,
+        summary: str | None = None,
+    ) -> None:
+        head = summary or f"{tool} failed with exit code {returncode}"
+        super().__init__(head, hint=hint)
+        self.tool = tool
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output_tail = output_tail
+
+    def lines(self) -> list[str]:
+        out = [self.message, f"command: {' '.join(self.argv)}"]
+        if self.output_tail.strip():
+            out.append(f"{self.tool} said:")
+            out.extend("  " + line for line in self.output_tail.rstrip().splitlines())
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class IntegrityError(EnvironmentFailure):
+    """Bytes did not match the digest they were promised under (download, blob, registry)."""
+
+
+class StoreError(EnvironmentFailure):
+    """The content-addressed store cannot be used (locked, corrupt, out of space)."""

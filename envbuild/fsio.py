@@ -1,0 +1,78 @@
+"""Small file helpers every stage shares: atomic writes, canonical JSON, hashing."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from envbuild.errors import EnvironmentFailure, OutputError
+
+CHUNK = 1 << 20
+
+
+def canonical_json(obj: Any) -> str:
+    """Sorted keys, two-space indent, UTF-8 as is, one trailing newline."""
+    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def compact_json(obj: Any) -> bytes:
+    """The form whose sha256 names a value: sorted keys, no whitespace."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextmanager
+def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
+    """Write ``path`` through a temporary file in the same directory, renamed into place only when
+    the block finishes: a crash or an error leaves the old file (or none), never half a file."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _output_error(path, exc) from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _output_error(path, exc) from exc
+        raise
+
+
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    with atomic_writer(path, mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def _output_error(path: Path, exc: OSError) -> Exception:
+    if exc.errno == errno.ENOSPC:
+        return EnvironmentFailure(f"{path}: no space left on device", hint="free disk space")
+    reason = exc.strerror or str(exc)
+    return OutputError(
+        f"cannot write {path}: {reason}",
+        hint="check that the directory exists and is writable, or choose another output path",
+    )

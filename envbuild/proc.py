@@ -1,0 +1,205 @@
+"""The one way envbuild runs an external command.
+
+Every subprocess (uv, mmdebstrap, skopeo, nvcc, systemctl …) goes through :func:`run`. It logs the
+argv with secrets redacted, captures output (or streams it to the log when asked), and raises
+:class:`~envbuild.errors.ToolFailed` quoting the tool's own words when the command fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.errors import ToolFailed, ToolNotFound
+
+log = logging.getLogger("envbuild.proc")
+
+TAIL_LINES = 40
+
+#: Variables that make a child Python or installer behave differently from what we asked.
+_POLLUTING = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PIP_REQUIRE_VIRTUALENV",
+    "__PYVENV_LAUNCHER__",
+)
+
+
+class Secret:
+    """A value that must never be written to a log, an error, a lock, an image or a manifest.
+
+    ``str()`` and ``repr()`` are redacted; :meth:`reveal` gives the value to the one place that
+    needs it (the child process).
+    """
+
+    __slots__ = ("_value",)
+    REDACTED = "***"
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __str__(self) -> str:
+        return self.REDACTED
+
+    def __repr__(self) -> str:
+        return f"Secret({self.REDACTED!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("Secret", self._value))
+
+
+Arg = str | os.PathLike[str] | Secret
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]  # redacted
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _reveal(arg: Arg) -> str:
+    if isinstance(arg, Secret):
+        return arg.reveal()
+    return os.fspath(arg)
+
+
+def _redact(arg: Arg) -> str:
+    return str(arg) if isinstance(arg, Secret) else os.fspath(arg)
+
+
+def child_env(
+    overrides: Mapping[str, str | Secret] | None = None,
+    *,
+    base: Mapping[str, str] | None = None,
+    drop: Sequence[str] = (),
+) -> dict[str, str]:
+    """A clean environment for a child: the caller's, without variables that redirect Python,
+    with a fixed locale and time zone, plus ``overrides``."""
+    env = dict(os.environ if base is None else base)
+    for name in (*_POLLUTING, *drop):
+        env.pop(name, None)
+    env["LC_ALL"] = "C.UTF-8"
+    env["TZ"] = "UTC"
+    for key, value in (overrides or {}).items():
+        env[key] = _reveal(value)
+    return env
+
+
+def run(
+    argv: Sequence[Arg],
+    *,
+    tool: str | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    input: str | None = None,
+    stream: bool = False,
+    check: bool = True,
+    timeout: float | None = None,
+    hint: str | None = None,
+) -> Completed:
+    """Run ``argv`` and return its output.
+
+    ``stream=True`` sends each output line to the ``envbuild.proc`` logger at DEBUG level as it
+    comes (stderr merged into stdout), for long commands whose progress a verbose user wants to see.
+    With ``check`` (the default) a non-zero exit raises :class:`ToolFailed` carrying the last lines
+    of output.
+    """
+    real = [_reveal(a) for a in argv]
+    shown = tuple(_redact(a) for a in argv)
+    name = tool or Path(shown[0]).name
+    log.debug("running: %s", " ".join(shown))
+    try:
+        if stream:
+            tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+            chunks: list[str] = []
+            with subprocess.Popen(
+                real,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            ) as proc:
+                if input is not None:
+                    assert proc.stdin is not None
+                    proc.stdin.write(input)
+                    proc.stdin.close()
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    chunks.append(line)
+                    tail.append(line)
+                    log.debug("%s: %s", name, line.rstrip("\n"))
+                returncode = proc.wait(timeout=timeout)
+            stdout, stderr = "".join(chunks), ""
+            tail_text = "".join(tail)
+        else:
+            done = subprocess.run(
+                real,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                check=False,
+            )
+            returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+            tail_text = _tail(stderr if stderr.strip() else stdout)
+    except FileNotFoundError as exc:
+        if exc.filename in (real[0], None):
+            raise ToolNotFound(name, hint=hint) from exc
+        raise
+    except subprocess.TimeoutExpired as exc:
+        raise ToolFailed(
+            name, shown, -1, "", summary=f"{name} did not finish within {timeout:.0f} s"
+        ) from exc
+    if check and returncode != 0:
+        raise ToolFailed(name, shown, returncode, tail_text, hint=hint)
+    return Completed(shown, returncode, stdout, stderr)
+
+
+def _tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def which(tool: str, *, hint: str | None = None, env_var: str | None = None) -> str:
+    """Find ``tool``: ``$ENV_VAR`` first when given, then PATH. Raises :class:`ToolNotFound`."""
+    if env_var and (value := os.environ.get(env_var)):
+        return value
+    found = shutil.which(tool)
+    if found is None:
+        raise ToolNotFound(tool, hint=hint)
+    return found
+
+
+def find_uv() -> str:
+    """The uv binary: the ``uv`` package's own, then ``$UV``, then PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        pass
+    return which("uv", env_var="UV", hint="install it with `pip install uv` or set $UV")

@@ -1,0 +1,419 @@
+"""Reading a spec file: TOML, ``extends``, merging, and turning pydantic's errors into located
+problems. Everything wrong with the files is collected and raised at once as a SpecError."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from envbuild.errors import InputFileError, Problem, SpecError
+from envbuild.fsio import compact_json, sha256_bytes, sha256_file
+from envbuild.spec.locate import line_of, locate_keys
+from envbuild.spec.model import Spec
+
+KeyPath = tuple[str | int, ...]
+
+_TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+
+@dataclass
+class LoadedSpec:
+    """A validated spec with where each of its values came from."""
+
+    spec: Spec
+    path: Path
+    root: Path
+    files: list[Path]
+    raw: dict[str, Any]
+    origins: dict[KeyPath, tuple[Path, int | None]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def display(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    def where(self, key: KeyPath) -> tuple[str, int | None]:
+        """The file (relative to the repository) and line that gave ``key`` its value."""
+        for end in range(len(key), 0, -1):
+            found = self.origins.get(tuple(key[:end]))
+            if found is not None:
+                return self.display(found[0]), found[1]
+        return self.display(self.path), None
+
+    def problem(self, key: KeyPath, message: str, hint: str | None = None, **kw: Any) -> Problem:
+        file, line = self.where(key)
+        return Problem(file, line, dotted(key), message, hint, **kw)
+
+    def resolve(self, relative: str) -> Path:
+        """A path the spec names, relative to the spec file that named it, made absolute."""
+        return (self.path.parent / relative).resolve()
+
+    def patch_files(self) -> dict[str, list[Path]]:
+        return {
+            dist: [self._origin_dir(("patches", dist, i)) / p for i, p in enumerate(files)]
+            for dist, files in self.spec.patches.items()
+        }
+
+    def _origin_dir(self, key: KeyPath) -> Path:
+        origin = self.origins.get(key) or self.origins.get(key[:-1])
+        return (origin[0] if origin else self.path).parent
+
+    def spec_hash(self) -> str:
+        """sha256 of the merged spec and the content of every file it names."""
+        payload = {
+            "spec": self.spec.model_dump(mode="json"),
+            "patches": {
+                dist: [sha256_file(p) for p in paths] for dist, paths in self.patch_files().items()
+            },
+        }
+        return sha256_bytes(compact_json(payload))
+
+
+def dotted(key: KeyPath) -> str:
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def find_root(path: Path) -> Path:
+    """The repository a spec belongs to: the nearest ancestor holding ``.git``; else the parent
+    of the ``specs/`` folder the spec is in; else the spec's own folder."""
+    path = path.resolve()
+    for parent in path.parents:
+        if (parent / ".git").exists():
+            return parent
+    for parent in path.parents:
+        if parent.name == "specs":
+            return parent.parent
+    return path.parent
+
+
+def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
+    """Parse one TOML file. Problems with the file itself are raised as located errors."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputFileError(shown, "no such file", hint="check the path") from None
+    except IsADirectoryError:
+        raise InputFileError(shown, "is a directory, not a spec file") from None
+    except OSError as exc:
+        raise InputFileError(shown, f"cannot be read: {exc.strerror}") from None
+    if not data.strip():
+        raise SpecError([Problem(shown, None, "", "the file is empty", "write a spec; see README")])
+    if b"\x00" in data:
+        raise SpecError([Problem(shown, None, "", "this is a binary file, not a TOML spec")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SpecError([Problem(shown, line, "", "the file is not UTF-8 text")]) from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        pos = _TOML_POS.search(message)
+        where: int | None = int(pos.group(1)) if pos else None
+        detail = _TOML_POS.sub("", message).strip()
+        if pos:
+            detail += f" (column {pos.group(2)})"
+        raise SpecError(
+            [Problem(shown, where, "", f"malformed TOML: {detail}", "fix the TOML syntax")]
+        ) from None
+
+
+def _merge(
+    into: dict[str, Any],
+    new: dict[str, Any],
+    origins: dict[KeyPath, tuple[Path, int | None]],
+    lines: dict[Any, int],
+    path: Path,
+    prefix: KeyPath = (),
+) -> None:
+    for key, value in new.items():
+        here = (*prefix, key)
+        origins[here] = (path, line_of(lines, here))
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, origins, lines, path, here)
+        else:
+            into[key] = _copy(value)
+            for sub in _leaves(value, here):
+                origins[sub] = (path, line_of(lines, sub))
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _leaves(value: Any, prefix: KeyPath) -> list[KeyPath]:
+    out: list[KeyPath] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.append((*prefix, k))
+            out.extend(_leaves(v, (*prefix, k)))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out.append((*prefix, i))
+            out.extend(_leaves(v, (*prefix, i)))
+    return out
+
+
+class _Loader:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.files: list[Path] = []
+        self.origins: dict[KeyPath, tuple[Path, int | None]] = {}
+        self.problems: list[Problem] = []
+
+    def shown(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    def load(self, path: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
+        data, text = read_toml(path, self.shown(path))
+        self.files.append(path)
+        lines = locate_keys(text)
+        merged: dict[str, Any] = {}
+        extends = data.pop("extends", [])
+        if isinstance(extends, str):
+            extends = [extends]
+        if not isinstance(extends, list) or not all(isinstance(e, str) for e in extends):
+            self.problems.append(
+                Problem(
+                    self.shown(path),
+                    line_of(lines, ("extends",)),
+                    "extends",
+                    "must be a path or a list of paths",
+                    'extends = "base/host.toml"',
+                )
+            )
+            extends = []
+        for rel in extends:
+            line = line_of(lines, ("extends",))
+            target = (path.parent / rel).resolve()
+            if not target.is_relative_to(self.root):
+                self.problems.append(
+                    Problem(
+                        self.shown(path),
+                        line,
+                        "extends",
+                        f"{rel!r} is outside the repository ({self.root})",
+                        "keep shared bases under specs/base/",
+                    )
+                )
+                continue
+            if target in stack or target == path:
+                chain = " -> ".join(self.shown(p) for p in (*stack, path, target))
+                self.problems.append(
+                    Problem(
+                        self.shown(path),
+                        line,
+                        "extends",
+                        f"extends cycle: {chain}",
+                        "remove one of the extends",
+                    )
+                )
+                continue
+            if not target.is_file():
+                self.problems.append(
+                    Problem(
+                        self.shown(path),
+                        line,
+                        "extends",
+                        f"{rel!r} does not exist (looked for {self.shown(target)})",
+                        "fix the path; it is relative to this file",
+                    )
+                )
+                continue
+            base = self.load(target, (*stack, path))
+            _merge_plain(merged, base)
+        _merge(merged, data, self.origins, lines, path)
+        return merged
+
+
+def _merge_plain(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_plain(into[key], value)
+        else:
+            into[key] = _copy(value)
+
+
+def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
+    """Read, merge and type-check a spec. Raises :class:`SpecError` with every problem found."""
+    path = Path(path).absolute()
+    root = (root or find_root(path)).resolve()
+    path = path.resolve() if path.exists() else path
+    loader = _Loader(root)
+    raw = loader.load(path, ())
+    raw.setdefault("name", path.stem)
+    if ("name",) not in loader.origins:
+        loader.origins[("name",)] = (path, None)
+    spec: Spec | None = None
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        loader.problems.extend(_problems(exc, raw, loader, path))
+    if loader.problems or spec is None:
+        raise SpecError(loader.problems)
+    loaded = LoadedSpec(spec, path, root, loader.files, raw, loader.origins)
+    problems = _check_paths(loaded)
+    if problems:
+        raise SpecError(problems)
+    return loaded
+
+
+def _check_paths(loaded: LoadedSpec) -> list[Problem]:
+    problems = []
+    named: list[tuple[KeyPath, Path]] = []
+    for dist, paths in loaded.patch_files().items():
+        named.extend((("patches", dist, i), p) for i, p in enumerate(paths))
+    base = loaded.spec.base
+    if base.kind in ("oci-layout", "rootfs"):
+        named.append((("base", "path"), loaded._origin_dir(("base", "path")) / base.path))
+    for key, p in named:
+        resolved = p.resolve()
+        if not resolved.is_relative_to(loaded.root):
+            problems.append(
+                loaded.problem(
+                    key,
+                    f"{p} is outside the repository ({loaded.root})",
+                    "keep files the spec names inside the repository",
+                )
+            )
+        elif not resolved.exists():
+            problems.append(
+                loaded.problem(
+                    key,
+                    f"{loaded.display(resolved)} does not exist",
+                    "fix the path; it is relative to the spec file",
+                )
+            )
+    return problems
+
+
+# --- pydantic errors → problems -------------------------------------------------------------
+
+
+def _problems(
+    exc: ValidationError, raw: dict[str, Any], loader: _Loader, top: Path
+) -> list[Problem]:
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = _clean_loc(err["loc"])
+        file, line = _where(loader, top, loc)
+        message, hint = _describe(err, loc, raw)
+        out.append(Problem(file, line, dotted(loc), message, hint))
+    return out
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> KeyPath:
+    """Drop pydantic's union/tag markers (``base.debian.packages`` → ``base.packages``)."""
+    out: list[str | int] = []
+    for i, part in enumerate(loc):
+        if (
+            i > 0
+            and loc[0] == "base"
+            and i == 1
+            and part in {"debian", "image", "oci-layout", "rootfs"}
+        ):
+            continue
+        if isinstance(part, str) and part.startswith(("function-", "tagged-union")):
+            continue
+        out.append(part)
+    return tuple(out)
+
+
+def _where(loader: _Loader, top: Path, loc: KeyPath) -> tuple[str, int | None]:
+    for end in range(len(loc), 0, -1):
+        found = loader.origins.get(tuple(loc[:end]))
+        if found is not None:
+            return loader.shown(found[0]), found[1]
+    return loader.shown(top), None
+
+
+def _describe(err: Any, loc: KeyPath, raw: dict[str, Any]) -> tuple[str, str | None]:
+    kind = err["type"]
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    table = dotted(loc[:-1])
+    if kind == "missing":
+        where = f"[{table}]" if table else "the top level"
+        return "is required", f"add `{loc[-1]} = …` to {where}"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1], raw)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        if close:
+            return "unknown key", f"did you mean `{close[0]}`?"
+        return "unknown key", f"remove it; allowed here: {', '.join(sorted(allowed))}"
+    if kind in {"union_tag_invalid", "union_tag_not_found"}:
+        return msg, "set kind to one of debian, image, oci-layout, rootfs"
+    value = err.get("input")
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"{msg}, got {_short(value)}", None
+    return msg, None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _allowed_keys(loc: KeyPath, raw: dict[str, Any]) -> list[str]:
+    model: Any = Spec
+    data: Any = raw
+    for part in loc:
+        data = data.get(part) if isinstance(data, dict) else None
+        model = _field_type(model, part, data)
+        if model is None:
+            return []
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _field_type(model: Any, part: str | int, data: Any) -> Any:
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return None
+        return _unwrap(info.annotation, data)
+    return None
+
+
+def _unwrap(annotation: Any, data: Any) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0], data)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        kind = data.get("kind") if isinstance(data, dict) else None
+        for option in options:
+            inner = _unwrap(option, data)
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                tag = inner.model_fields.get("kind")
+                if tag is None or kind is None or kind in typing.get_args(tag.annotation):
+                    return inner
+        return None
+    return annotation

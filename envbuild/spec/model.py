@@ -1,0 +1,330 @@
+"""The spec: what an experiment depends on, as strict pydantic models.
+
+A spec file is TOML; after ``extends`` are merged it must match :class:`Spec`. Unknown keys are
+errors. Types are checked here; whether the GPU stack fits together (driver vs CUDA, torch vs vLLM,
+archs vs GPUs) is checked by :mod:`envbuild.spec.check` against the knowledge base.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
+
+SPEC_VERSION = 1
+
+#: ``${NAME}`` inside a value refers to the caller's environment: a secret, resolved only at run
+#: time and never written into a lock, an image or a manifest.
+SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _version(value: str) -> str:
+    try:
+        Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a version (expected something like 2.14.0)") from None
+    return value
+
+
+def _driver(value: str) -> str:
+    if not re.fullmatch(r"\d{3}(\.\d{1,3}){1,2}", value):
+        raise ValueError(f"{value!r} is not an NVIDIA driver version (expected like 590.48.01)")
+    return value
+
+
+def _major_minor(value: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+", value):
+        raise ValueError(f"{value!r} is not a MAJOR.MINOR version (expected like 13.1)")
+    return value
+
+
+def _cuda_version(value: str) -> str:
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
+        raise ValueError(f"{value!r} is not a CUDA version (expected like 13.1 or 13.1.1)")
+    return value
+
+
+def _compute_capability(value: str) -> str:
+    if not re.fullmatch(r"\d{1,2}\.\d", value):
+        raise ValueError(f"{value!r} is not a compute capability (expected like 12.0)")
+    return value
+
+
+def _commit_sha(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{40}", value):
+        raise ValueError(
+            f"{value!r} is not a commit sha (expected 40 lowercase hex digits; a branch or tag "
+            "moves, a commit does not)"
+        )
+    return value
+
+
+def _specifier(value: str) -> str:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(
+            f"{value!r} is not a version specifier (expected like '==1.2.3', '>=2,<3' or '')"
+        ) from None
+    return value
+
+
+def _dist_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
+        raise ValueError(f"{value!r} is not a distribution name")
+    return value
+
+
+def _requirement(value: str) -> str:
+    try:
+        Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{value!r} is not a requirement: {exc}") from None
+    return value
+
+
+def _hf_repo(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
+        raise ValueError(f"{value!r} is not a Hugging Face repo id (expected like org/name)")
+    return value
+
+
+def _image_ref_by_digest(value: str) -> str:
+    if not re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", value):
+        raise ValueError(
+            f"{value!r} is not pinned by digest (expected like "
+            "nvcr.io/nvidia/cuda:13.1.0-devel-ubuntu24.04@sha256:<64 hex>); a tag moves, a "
+            "digest does not"
+        )
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise ValueError(f"{value!r} is not a sha256 (expected 64 lowercase hex digits)")
+    return value
+
+
+def _abs_posix(value: str) -> str:
+    if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
+        raise ValueError(f"{value!r} must be an absolute path inside the image, without '..'")
+    return value
+
+
+VersionStr = Annotated[str, AfterValidator(_version)]
+DriverVersion = Annotated[str, AfterValidator(_driver)]
+MajorMinor = Annotated[str, AfterValidator(_major_minor)]
+CudaVersion = Annotated[str, AfterValidator(_cuda_version)]
+ComputeCapability = Annotated[str, AfterValidator(_compute_capability)]
+CommitSha = Annotated[str, AfterValidator(_commit_sha)]
+Specifier = Annotated[str, AfterValidator(_specifier)]
+DistName = Annotated[str, AfterValidator(_dist_name)]
+RequirementStr = Annotated[str, AfterValidator(_requirement)]
+HfRepo = Annotated[str, AfterValidator(_hf_repo)]
+ImageRef = Annotated[str, AfterValidator(_image_ref_by_digest)]
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+ImagePath = Annotated[str, AfterValidator(_abs_posix)]
+#: A path relative to the spec file; the loader checks it stays inside the repository.
+RepoPath = Annotated[str, Field(min_length=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Gpu(Strict):
+    model: str = Field(description="GPU model as the knowledge base names it")
+    count: PositiveInt = 1
+    compute_capability: ComputeCapability | None = Field(
+        None, description="taken from the knowledge base when omitted"
+    )
+    memory_gib: PositiveFloat | None = Field(None, description="per GPU; from the knowledge base")
+    interconnect: Literal["pcie", "nvlink"] = "pcie"
+
+
+class Host(Strict):
+    driver: DriverVersion
+    gpus: list[Gpu] = Field(min_length=1)
+
+
+class Cuda(Strict):
+    version: CudaVersion
+    source: Literal["pypi", "base", "host"] = Field(
+        "pypi",
+        description="where the toolkit comes from: NVIDIA's wheels on PyPI, the base image, or "
+        "the host's /usr/local/cuda",
+    )
+
+
+class DebianBase(Strict):
+    kind: Literal["debian"]
+    suite: str = "bookworm"
+    mirror: str = "http://deb.debian.org/debian"
+    packages: list[str] = Field(default_factory=list)
+    variant: Literal["essential", "apt", "required", "minbase"] = "essential"
+
+
+class ImageBase(Strict):
+    kind: Literal["image"]
+    ref: ImageRef
+
+
+class OciLayoutBase(Strict):
+    kind: Literal["oci-layout"]
+    path: RepoPath
+    digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+
+
+class RootfsBase(Strict):
+    kind: Literal["rootfs"]
+    path: RepoPath
+    sha256: Sha256
+
+
+Base = Annotated[DebianBase | ImageBase | OciLayoutBase | RootfsBase, Field(discriminator="kind")]
+
+
+class Python(Strict):
+    version: MajorMinor
+    platform: str | None = Field(
+        None,
+        pattern=r"^(manylinux_\d+_\d+|musllinux_\d+_\d+)_(x86_64|aarch64)$",
+        description="wheel platform tag; derived from the base's glibc when omitted",
+    )
+    interpreter: ImagePath = "/usr/bin/python3"
+    venv: ImagePath = "/opt/venv"
+
+
+class Torch(Strict):
+    version: VersionStr
+    cuda: Annotated[str, Field(pattern=r"^(cu\d{3}|cpu)$")] = Field(
+        description="the wheel's CUDA variant: cu130, cu132 … or cpu"
+    )
+    index: str = Field("pypi", description="'pypi', or the URL of the index the wheel comes from")
+
+
+class SourceBuild(Strict):
+    version: VersionStr
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="build flags as environment variables (MAX_JOBS, TORCH_CUDA_ARCH_LIST …)",
+    )
+
+
+class Vllm(Strict):
+    version: VersionStr
+    extras: list[str] = Field(default_factory=list)
+
+
+class Model(Strict):
+    repo: HfRepo
+    revision: CommitSha
+    size_gb: PositiveFloat = Field(description="expected size on disk, in GB (10^9 bytes)")
+    files: list[str] = Field(
+        default_factory=list, description="allow patterns; empty means the whole repo"
+    )
+
+
+class Serve(Strict):
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    max_model_len: PositiveInt | None = None
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    served_model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="values may reference the caller's env as ${NAME}"
+    )
+
+
+class Image(Strict):
+    cmd: list[str] | None = Field(
+        None, description="the image's command; defaults to `vllm serve` when [serve] is given"
+    )
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    workdir: ImagePath = "/"
+
+
+class Resolution(Strict):
+    exclude_newer: datetime = Field(
+        description="uv's --exclude-newer: relocking later gives the same answer"
+    )
+    index_url: str = "https://pypi.org/simple"
+    extra_index_urls: list[str] = Field(default_factory=list)
+
+    @field_validator("exclude_newer")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("needs a time zone (write it like 2026-11-01T00:00:00Z)")
+        return value
+
+
+class Spec(Strict):
+    """A whole experiment, after ``extends`` are merged."""
+
+    spec_version: Literal[1] = 1
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    description: str = ""
+    host: Host | None = None
+    cuda: Cuda | None = None
+    base: Base
+    python: Python
+    torch: Torch | None = None
+    vllm: Vllm | None = None
+    builds: dict[DistName, SourceBuild] = Field(default_factory=dict)
+    packages: dict[DistName, Specifier] = Field(
+        default_factory=dict, description="other distributions: name = specifier ('' for any)"
+    )
+    requirements: list[RequirementStr] = Field(
+        default_factory=list, description="extra requirements in PEP 508 form"
+    )
+    patches: dict[DistName, list[RepoPath]] = Field(default_factory=dict)
+    model: Model | None = None
+    serve: Serve | None = None
+    image: Image = Field(default_factory=lambda: Image())
+    resolution: Resolution
+
+    def secret_refs(self) -> list[tuple[str, str]]:
+        """Every ``(dotted key, variable)`` whose value references the caller's environment."""
+        found: list[tuple[str, str]] = []
+
+        def walk(value: Any, key: str) -> None:
+            if isinstance(value, str):
+                found.extend((key, m.group(1)) for m in SECRET_REF.finditer(value))
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    walk(v, f"{key}.{k}" if key else str(k))
+            elif isinstance(value, list):
+                for i, v in enumerate(value):
+                    walk(v, f"{key}[{i}]")
+
+        walk(self.model_dump(mode="json"), "")
+        return found
+
+    def gpu_ccs(self) -> list[str]:
+        if not self.host:
+            return []
+        return sorted({g.compute_capability for g in self.host.gpus if g.compute_capability})
+
+    def normalized_packages(self) -> dict[str, str]:
+        return {canonicalize_name(k): v for k, v in self.packages.items()}

@@ -1,0 +1,44 @@
+"""Shared fixtures. ``cli`` runs envbuild in-process and returns exit code, stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envbuild.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    def run(*args: str | Path) -> CliResult:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """An empty project repository (a folder with .git and specs/) to write specs into."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "specs" / "base").mkdir(parents=True)
+    return tmp_path

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: real services (Docker engine, registry), fixture builders."""
