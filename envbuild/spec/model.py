@@ -262,6 +262,15 @@ class Image(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     workdir: ImagePath = "/"
+    overlaps: dict[DistName, DistName] = Field(
+        default_factory=dict,
+        description="where two distributions install the same path, which one wins: "
+        '`"cuda-python" = "cuda-bindings"` keeps cuda-bindings\' files; without an entry an '
+        "overlap is an error",
+    )
+    max_layers: Annotated[int, Field(ge=8, le=120)] = Field(
+        60, description="layer budget of the image (Docker's limit is 125)"
+    )
 
 
 class Resolution(Strict):
