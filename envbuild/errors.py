@@ -175,3 +175,12 @@ class IntegrityError(EnvironmentFailure):
 
 class StoreError(EnvironmentFailure):
     """The content-addressed store cannot be used (locked, corrupt, out of space)."""
+
+
+class RegistryError(EnvironmentFailure):
+    """An OCI registry could not be reached, refused the credentials or the TLS handshake, or
+    answered with an error. ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, hint: str | None = None, status: int | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
