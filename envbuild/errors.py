@@ -127,6 +127,22 @@ class OutputError(UserError):
     """An output path cannot be written (missing parent, permissions, read-only file system)."""
 
 
+class ResolutionFailed(UserError):
+    """The resolver proved the spec's requirements cannot be satisfied together (an impossible
+    pin, a cutoff that hides a version). Carries the resolver's own explanation."""
+
+    def __init__(self, message: str, explanation: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.explanation = explanation
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        out.extend("  " + line for line in self.explanation.rstrip().splitlines())
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
 class EnvironmentFailure(EnvbuildError):
     """The world is not as needed: a missing tool, a failed command, no network, no engine."""
 
