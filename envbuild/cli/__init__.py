@@ -22,6 +22,8 @@ from envbuild.errors import EnvbuildError, ExitCode, SpecError
 COMMANDS: tuple[str, ...] = (
     "validate",
     "show",
+    "push",
+    "pull",
 )
 
 EXIT_CODES_HELP = """\

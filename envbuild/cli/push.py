@@ -1,0 +1,94 @@
+"""`envbuild push DIR REGISTRY/REPO:TAG`: copy an OCI image layout to a registry."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
+
+
+def add_registry_args(p: argparse.ArgumentParser) -> None:
+    """Options every command that talks to a registry shares."""
+    g = p.add_argument_group("registry connection")
+    g.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain HTTP and unverified TLS (a loopback or lab registry)",
+    )
+    g.add_argument(
+        "--cert-dir",
+        type=Path,
+        metavar="DIR",
+        help="trust the CA certificates DIR/*.crt (default: /etc/containers/certs.d/HOST)",
+    )
+    g.add_argument(
+        "--transport",
+        choices=("auto", "skopeo", "docker"),
+        default="auto",
+        help="copy with skopeo (default when installed) or through a Docker engine",
+    )
+
+
+def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
+    return Endpoint(insecure=args.insecure, cert_dir=args.cert_dir)
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def describe_push(result: PushResult) -> list[str]:
+    up, skip = result.uploaded, result.skipped
+    line = f"blobs: {len(up)} uploaded ({human_size(result.bytes_uploaded)})"
+    if skip:
+        line += (
+            f", {len(skip)} already in the registry, not uploaded again "
+            f"({human_size(result.bytes_skipped)})"
+        )
+    return [f"pushed {result.ref}", f"digest: {result.digest}", line]
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "push",
+        help="push an OCI image layout to a registry (blobs it has are not sent again)",
+        description="Push the image in the OCI layout DIR to REGISTRY/REPO:TAG. Blobs the "
+        "registry already has are not uploaded again; the digest the registry reports is "
+        "checked against the layout's. Credentials come from the Docker config "
+        "($DOCKER_CONFIG, ~/.docker/config.json) or the containers auth file "
+        "($REGISTRY_AUTH_FILE).",
+    )
+    p.add_argument("layout", metavar="DIR", type=Path, help="an OCI image layout folder")
+    p.add_argument("target", metavar="REGISTRY/REPO:TAG")
+    p.add_argument(
+        "--layout-tag", metavar="NAME", help="which image of DIR (when it holds more than one)"
+    )
+    add_registry_args(p)
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    target = parse_ref(args.target, what="push target")
+    result = push(
+        args.layout,
+        target,
+        tag=args.layout_tag,
+        endpoint=endpoint_from_args(args),
+        transport=get_transport(args.transport),
+    )
+    if args.json:
+        render.emit_json(result.as_dict())
+    else:
+        for line in describe_push(result):
+            render.echo(line)
+    return ExitCode.OK
