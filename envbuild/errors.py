@@ -123,6 +123,10 @@ class ManifestError(UserError):
     """A lockfile, snapshot or build manifest cannot be read or is of an unknown format."""
 
 
+class NewerFormat(ManifestError):
+    """A file was written by a newer envbuild in a format this one cannot read (upgrade)."""
+
+
 class OutputError(UserError):
     """An output path cannot be written (missing parent, permissions, read-only file system)."""
 
