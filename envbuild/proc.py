@@ -8,13 +8,18 @@ argv with secrets redacted, captures output (or streams it to the log when asked
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from envbuild.errors import ToolFailed, ToolNotFound
 
@@ -203,3 +208,137 @@ def find_uv() -> str:
     except (ImportError, FileNotFoundError):
         pass
     return which("uv", env_var="UV", hint="install it with `pip install uv` or set $UV")
+
+
+FILTER_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def filter_bytes(
+    argv: Sequence[Arg],
+    sink: Callable[[bytes], None],
+    *,
+    tool: str | None = None,
+    env: Mapping[str, str] | None = None,
+    hint: str | None = None,
+) -> Iterator[Callable[[bytes | bytearray | memoryview], None]]:
+    """Run ``argv`` as a byte filter (a compressor, a decompressor) through small buffers.
+
+    Yields a ``write(bytes)`` function feeding the command's stdin; a thread hands its stdout to
+    ``sink`` in chunks of at most 1 MiB as it comes. When the block ends stdin is closed and the
+    command waited for: a non-zero exit raises :class:`ToolFailed` with its stderr, an exception
+    from ``sink`` is raised here, and an exception inside the block kills the command.
+    """
+    real = [_reveal(a) for a in argv]
+    shown = tuple(_redact(a) for a in argv)
+    name = tool or Path(shown[0]).name
+    log.debug("running: %s", " ".join(shown))
+    with tempfile.TemporaryFile() as errfile:
+        try:
+            child = subprocess.Popen(
+                real,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errfile,
+                env=dict(env) if env is not None else None,
+                bufsize=0,
+            )
+        except FileNotFoundError as exc:
+            raise ToolNotFound(name, hint=hint) from exc
+        assert child.stdin is not None and child.stdout is not None
+        stdin_fd, stdout_fd = child.stdin.fileno(), child.stdout.fileno()
+        for fd in (stdin_fd, stdout_fd):
+            with contextlib.suppress(OSError, AttributeError):  # a larger pipe: fewer switches
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, FILTER_CHUNK)
+        failures: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                while data := os.read(stdout_fd, FILTER_CHUNK):
+                    sink(data)
+            except BaseException as exc:
+                failures.append(exc)
+                child.kill()
+
+        reader = threading.Thread(target=pump, name=f"{name}-stdout", daemon=True)
+        reader.start()
+
+        def finish() -> None:
+            reader.join()
+            child.stdout.close()  # type: ignore[union-attr]
+            returncode = child.wait()
+            if failures:
+                raise failures[0]
+            if returncode != 0:
+                errfile.seek(0)
+                tail = _tail(errfile.read().decode(errors="replace"))
+                raise ToolFailed(name, shown, returncode, tail, hint=hint)
+
+        def write(data: bytes | bytearray | memoryview) -> None:
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(stdin_fd, view) :]
+            except BrokenPipeError:
+                finish()  # the command died: say why
+                raise
+
+        try:
+            yield write
+        except BaseException:
+            child.kill()
+            with contextlib.suppress(OSError):
+                child.stdin.close()
+            reader.join()
+            child.stdout.close()
+            child.wait()
+            raise
+        child.stdin.close()
+        finish()
+
+
+@contextlib.contextmanager
+def reading(
+    argv: Sequence[Arg],
+    *,
+    tool: str | None = None,
+    env: Mapping[str, str] | None = None,
+    hint: str | None = None,
+) -> Iterator[IO[bytes]]:
+    """Run ``argv`` and yield its stdout as a binary stream to read (a decompressor's output).
+
+    When the block ends the command is waited for (killed if the block did not read to the end
+    or raised); a non-zero exit of a command read to its end raises :class:`ToolFailed`.
+    """
+    real = [_reveal(a) for a in argv]
+    shown = tuple(_redact(a) for a in argv)
+    name = tool or Path(shown[0]).name
+    log.debug("running: %s", " ".join(shown))
+    with tempfile.TemporaryFile() as errfile:
+        try:
+            child = subprocess.Popen(
+                real,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errfile,
+                env=dict(env) if env is not None else None,
+            )
+        except FileNotFoundError as exc:
+            raise ToolNotFound(name, hint=hint) from exc
+        assert child.stdout is not None
+        try:
+            yield child.stdout
+        except BaseException:
+            child.kill()
+            child.stdout.close()
+            child.wait()
+            raise
+        at_end = child.stdout.read(1) == b""
+        if not at_end:
+            child.kill()
+        child.stdout.close()
+        returncode = child.wait()
+        if at_end and returncode != 0:
+            errfile.seek(0)
+            tail = _tail(errfile.read().decode(errors="replace"))
+            raise ToolFailed(name, shown, returncode, tail, hint=hint)
