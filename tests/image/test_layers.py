@@ -1,0 +1,172 @@
+"""Deterministic layers: the same tree gives the same bytes whatever the host did to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envbuild.layers import (
+    Compression,
+    Entry,
+    Kind,
+    LayerError,
+    layer_from_tree,
+    open_uncompressed,
+    whiteout,
+    write_layer,
+)
+from envbuild.store import Store
+
+FILES = {
+    "bin/tool": (b"#!/bin/sh\necho tool\n", True),
+    "lib/python3.11/site-packages/pkg/__init__.py": (b"VALUE = 1\n", False),
+    "lib/python3.11/site-packages/pkg/data.bin": (bytes(range(256)) * 5000, False),
+    "lib/python3.11/site-packages/pkg-1.0.dist-info/RECORD": (b"pkg/__init__.py,,\n", False),
+    "a-b/c": (b"sorted before a/", False),
+    "x" * 120 + "/long-name-" + "y" * 120: (b"long", False),
+    "unicode/caf\u00e9.txt": (b"cafe", False),
+}
+
+
+def make_tree(root: Path, *, umask: int, order_seed: int, mtime: int) -> None:
+    old = os.umask(umask)
+    try:
+        items = list(FILES.items())
+        random.Random(order_seed).shuffle(items)
+        for rel, (data, executable) in items:
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            if executable:
+                path.chmod(0o777 & ~umask)
+            os.utime(path, (mtime, mtime))
+        (root / "bin" / "link").symlink_to("tool")
+        os.link(root / "bin" / "tool", root / "bin" / "tool-hard")
+        (root / "empty-dir").mkdir()
+    finally:
+        os.umask(old)
+
+
+PACK = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    from envbuild.layers import Compression, layer_from_tree
+    from envbuild.store import Store
+    os.umask(0o077)
+    out = {}
+    for c in Compression:
+        layer = layer_from_tree(Store(sys.argv[1]), Path(sys.argv[2]), prefix="opt/venv",
+                                compression=c)
+        out[c.value] = layer.model_dump(mode="json")
+    print(json.dumps(out))
+    """
+)
+
+
+def test_same_tree_gives_same_digests_across_stores_umask_tz_and_order(tmp_path):
+    make_tree(tmp_path / "t1", umask=0o022, order_seed=1, mtime=1_000_000_000)
+    make_tree(tmp_path / "t2", umask=0o077, order_seed=2, mtime=1_700_000_000)
+    here = {
+        c.value: layer_from_tree(
+            Store(tmp_path / "s1"), tmp_path / "t1", prefix="opt/venv", compression=c
+        ).model_dump(mode="json")
+        for c in Compression
+    }
+    env = dict(os.environ, TZ="Asia/Tokyo", LC_ALL="C")
+    done = subprocess.run(
+        [sys.executable, "-c", PACK, str(tmp_path / "s2"), str(tmp_path / "t2")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    there = json.loads(done.stdout)
+    assert here == there
+    assert here["none"]["digest"] == here["none"]["diff_id"] == here["zstd"]["diff_id"]
+    assert here["zstd"]["digest"] != here["gzip"]["digest"]
+
+
+def test_source_date_epoch_sets_every_mtime(tmp_path, monkeypatch):
+    make_tree(tmp_path / "t", umask=0o022, order_seed=1, mtime=1_000_000_000)
+    zero = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", compression=Compression.NONE)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    sde = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", compression=Compression.NONE)
+    assert zero.diff_id != sde.diff_id
+    listing = gnu_tar_listing(Store(tmp_path / "s").blob_path(sde.digest))
+    assert {line.split()[3] for line in listing} == {"2023-11-14"}
+
+
+def gnu_tar_listing(path: Path, *extra: str) -> list[str]:
+    done = subprocess.run(
+        ["tar", "-tv", "--full-time", "--numeric-owner", *extra, "-f", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, TZ="UTC"),
+    )
+    return done.stdout.splitlines()
+
+
+def test_gnu_tar_reads_the_layer_as_intended(tmp_path):
+    make_tree(tmp_path / "t", umask=0o027, order_seed=3, mtime=1_234_567_890)
+    store = Store(tmp_path / "s")
+    layer = layer_from_tree(store, tmp_path / "t", prefix="opt/venv")
+    raw = tmp_path / "layer.tar"
+    with open_uncompressed(store.blob_path(layer.digest), layer.media_type) as f:
+        raw.write_bytes(f.read())
+    lines = gnu_tar_listing(raw)
+    names = [line.split(None, 5)[5] for line in lines]
+    paths = [n.split(" -> ")[0].split(" link to ")[0].rstrip("/") for n in names]
+    assert paths == sorted(paths, key=os.fsencode)
+    assert paths[:2] == ["opt", "opt/venv"]
+    assert paths.index("opt/venv/a-b") < paths.index("opt/venv/bin")
+    for line in lines:
+        mode, owner, _size, date, time_ = line.split()[:5]
+        assert owner == "0/0"
+        assert (date, time_) == ("1970-01-01", "00:00:00")
+        if mode.startswith("d"):
+            assert mode == "drwxr-xr-x"
+        elif mode.startswith("-"):
+            assert mode in ("-rw-r--r--", "-rwxr-xr-x")
+    by_name = dict(zip(paths, names, strict=True))
+    assert by_name["opt/venv/bin/link"].endswith("-> tool")
+    assert by_name["opt/venv/bin/tool-hard"].endswith("link to opt/venv/bin/tool")
+    assert "opt/venv/" + "x" * 120 + "/long-name-" + "y" * 120 in paths
+    assert "opt/venv/unicode/caf\u00e9.txt" in paths
+    assert layer.files == len(FILES)
+    assert layer.uncompressed_size == raw.stat().st_size
+    assert layer.uncompressed_size % 10240 == 0
+    unpack = tmp_path / "unpacked"
+    unpack.mkdir()
+    subprocess.run(["tar", "-xf", str(raw), "-C", str(unpack)], check=True)
+    for rel, (data, _x) in FILES.items():
+        assert (unpack / "opt/venv" / rel).read_bytes() == data
+
+
+def test_whiteouts_and_refusals(tmp_path):
+    store = Store(tmp_path / "s")
+    layer = write_layer(
+        store,
+        [whiteout("opt/venv/old.py"), Entry("opt/venv/new.py", Kind.FILE, size=0)],
+        compression=Compression.NONE,
+    )
+    names = [line.split(None, 5)[5] for line in gnu_tar_listing(store.blob_path(layer.digest))]
+    assert names == ["opt/", "opt/venv/", "opt/venv/.wh.old.py", "opt/venv/new.py"]
+    with pytest.raises(LayerError, match=r"'\.\.'"):
+        write_layer(store, [Entry("a/../../etc/passwd", Kind.FILE)])
+    with pytest.raises(LayerError, match="absolute"):
+        write_layer(store, [Entry("/etc/passwd", Kind.FILE)])
+    fifo = tmp_path / "tree"
+    fifo.mkdir()
+    os.mkfifo(fifo / "pipe")
+    with pytest.raises(LayerError, match="fifo"):
+        layer_from_tree(store, fifo)
+    assert list(store.tmp.iterdir()) == []
