@@ -1,0 +1,316 @@
+"""The knowledge base of the GPU stack, as typed data.
+
+The facts live in ``knowledge.toml`` next to this module, each with its source; this module
+types them (strict pydantic models), loads them once, and answers small questions: the minimum
+driver of a CUDA release, the archs a toolkit compiles, a GPU's compute capability, the torch a
+vLLM release pins, the wheel platform tag of a spec's base. It holds no rules of its own: the
+checks in :mod:`envbuild.spec.check` combine these answers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+import tomllib
+from importlib import resources
+from typing import Annotated, Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from envbuild.spec.model import (
+    ComputeCapability,
+    DebianBase,
+    DriverVersion,
+    MajorMinor,
+    Spec,
+    Specifier,
+    VersionStr,
+)
+
+#: The CPU architecture the wheel platform tag is derived for (the Debian bases are amd64).
+DEFAULT_MACHINE = "x86_64"
+
+
+def _regex(value: str) -> str:
+    re.compile(value)
+    return value
+
+
+def _loose_driver(value: str) -> str:
+    if not re.fullmatch(r"\d{3}(\.\d{1,3}){0,2}", value):
+        raise ValueError(f"{value!r} is not a driver version")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Fact(_Strict):
+    source: str = Field(min_length=1, description="where the fact comes from")
+
+
+class CudaMinDriver(Fact):
+    cuda: VersionStr
+    driver: DriverVersion
+
+
+class CudaMajorMinDriver(Fact):
+    major: int
+    driver: Annotated[str, AfterValidator(_loose_driver)]
+
+
+class CudaArchs(Fact):
+    cuda: Specifier
+    archs: list[ComputeCapability]
+
+
+class GpuFact(Fact):
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    compute_capability: ComputeCapability
+    memory_gib: float
+
+
+class TorchPypi(Fact):
+    torch: Specifier
+    cuda: Annotated[str, Field(pattern=r"^cu\d{3}$")]
+
+
+class VllmTorch(Fact):
+    pins: dict[VersionStr, VersionStr]
+
+
+class Gguf(Fact):
+    vllm: Specifier
+    packages: list[str]
+    extra: str | None = None
+
+
+class ModelFamily(Fact):
+    name: str
+    repo: Annotated[str, AfterValidator(_regex)]
+    attention: Literal["mla", "gqa"]
+    min_vllm: VersionStr
+
+
+class KvCacheRule(Fact):
+    attention: Literal["mla", "gqa"]
+    cc_major: int
+    vllm: Specifier
+    dtypes: list[str]
+
+
+class KvCacheDtypes(Fact):
+    dtypes: list[str]
+
+
+class DebianSuite(Fact):
+    suite: str
+    version: str
+    glibc: MajorMinor
+    python: MajorMinor
+
+
+class SourceBuildFact(Fact):
+    name: str
+    versions: Specifier
+    sdist_only: bool = False
+    arch_env: str | None = None
+    arch_format: Literal["sm", "torch"] = "sm"
+    arch_default: str | None = None
+    arch_accepted: list[str] | None = None
+    arch_min_cuda: dict[str, VersionStr] = Field(default_factory=dict)
+    force_build_env: str | None = None
+    force_build_value: str | None = None
+    int_env: list[str] = Field(default_factory=list)
+
+
+class TorchArchList(Fact):
+    env: str
+    format: str
+
+
+class Knowledge(_Strict):
+    kb_version: Literal[1]
+    verified: str
+    cuda_min_driver: list[CudaMinDriver]
+    cuda_major_min_driver: list[CudaMajorMinDriver]
+    cuda_archs: list[CudaArchs]
+    gpus: list[GpuFact]
+    torch_pypi: list[TorchPypi]
+    vllm_torch: VllmTorch
+    gguf: list[Gguf]
+    model_families: list[ModelFamily]
+    kv_cache: list[KvCacheRule]
+    vllm_kv_cache_dtypes: KvCacheDtypes
+    debian: list[DebianSuite]
+    source_builds: list[SourceBuildFact]
+    torch_cuda_arch_list: TorchArchList
+
+
+@functools.cache
+def knowledge() -> Knowledge:
+    """The knowledge base shipped with envbuild (parsed and checked once)."""
+    text = resources.files("envbuild.spec").joinpath("knowledge.toml").read_text("utf-8")
+    return Knowledge.model_validate(tomllib.loads(text))
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+
+def driver_key(driver: str) -> tuple[int, ...]:
+    """A driver version as a comparable tuple: ``"590.48.01"`` → ``(590, 48, 1)``."""
+    return tuple(int(part) for part in driver.split("."))
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def _in(spec: str, version: str) -> bool:
+    v = _version(version)
+    return v is not None and SpecifierSet(spec).contains(v, prereleases=True)
+
+
+def _norm_gpu(name: str) -> str:
+    text = name.lower().strip()
+    text = re.sub(r"^nvidia\s+", "", text)
+    return re.sub(r"[\s_-]+", " ", text)
+
+
+# --- questions -------------------------------------------------------------------------------
+
+
+def min_driver(cuda: str) -> CudaMinDriver | None:
+    """The minimum driver of a CUDA release: the fact for that release, or for the latest
+    update of the same ``MAJOR.MINOR`` not newer than it. None when the KB has no such release."""
+    v = _version(cuda)
+    if v is None:
+        return None
+    best: CudaMinDriver | None = None
+    for fact in knowledge().cuda_min_driver:
+        fv = Version(fact.cuda)
+        if (
+            fv.release[:2] == v.release[:2]
+            and fv <= v
+            and (best is None or fv > Version(best.cuda))
+        ):
+            best = fact
+    return best
+
+
+def major_min_driver(major: int) -> CudaMajorMinDriver | None:
+    """The driver any CUDA ``major``.x release needs (minor version compatibility)."""
+    return next((f for f in knowledge().cuda_major_min_driver if f.major == major), None)
+
+
+def toolkit_archs(cuda: str) -> CudaArchs | None:
+    """The compute capabilities nvcc of CUDA release ``cuda`` can compile for."""
+    return next((f for f in knowledge().cuda_archs if _in(f.cuda, cuda)), None)
+
+
+def gpu(model: str) -> GpuFact | None:
+    """The GPU a spec names, by name or alias (case, dashes and a leading "NVIDIA" ignored)."""
+    wanted = _norm_gpu(model)
+    for fact in knowledge().gpus:
+        if wanted in {_norm_gpu(n) for n in (fact.name, *fact.aliases)}:
+            return fact
+    return None
+
+
+def suggest_gpu(model: str) -> list[str]:
+    """Known GPU names close to ``model``, best first."""
+    names = {_norm_gpu(n): f.name for f in knowledge().gpus for n in (f.name, *f.aliases)}
+    close = difflib.get_close_matches(_norm_gpu(model), list(names), n=3, cutoff=0.5)
+    out: list[str] = []
+    for c in close:
+        if names[c] not in out:
+            out.append(names[c])
+    return out
+
+
+def vllm_torch(vllm: str) -> str | None:
+    """The torch version a vLLM release pins (``Requires-Dist: torch==X``)."""
+    v = _version(vllm)
+    if v is None:
+        return None
+    for release, torch in knowledge().vllm_torch.pins.items():
+        if Version(release) == v:
+            return torch
+    return None
+
+
+def torch_pypi_cuda(torch: str) -> TorchPypi | None:
+    """The CUDA variant of torch ``torch``'s wheels on PyPI."""
+    v = _version(torch)
+    if v is None:
+        return None
+    return next((f for f in knowledge().torch_pypi if _in(f.torch, v.public)), None)
+
+
+def gguf(vllm: str) -> Gguf | None:
+    """How a vLLM release reads GGUF checkpoints (built in, or through a plugin package)."""
+    return next((f for f in knowledge().gguf if _in(f.vllm, vllm)), None)
+
+
+def model_family(repo: str) -> ModelFamily | None:
+    """The model family a Hugging Face repo id belongs to, when the KB knows it."""
+    return next(
+        (f for f in knowledge().model_families if re.search(f.repo, repo, re.IGNORECASE)), None
+    )
+
+
+def kv_cache_rules(compute_capability: str, vllm: str) -> list[KvCacheRule]:
+    """The KV-cache dtype rules for an architecture and a vLLM release (one per attention kind)."""
+    major = int(compute_capability.split(".", maxsplit=1)[0])
+    return [f for f in knowledge().kv_cache if f.cc_major == major and _in(f.vllm, vllm)]
+
+
+def debian(suite: str) -> DebianSuite | None:
+    return next((f for f in knowledge().debian if f.suite == suite), None)
+
+
+def glibc_of_suite(suite: str) -> str | None:
+    """The glibc version (``MAJOR.MINOR``) of a Debian suite."""
+    fact = debian(suite)
+    return fact.glibc if fact else None
+
+
+def source_build(name: str, version: str) -> SourceBuildFact | None:
+    """What the KB knows about building ``name`` ``version`` from source (its env flags)."""
+    from packaging.utils import canonicalize_name
+
+    for fact in knowledge().source_builds:
+        if canonicalize_name(fact.name) == canonicalize_name(name) and _in(fact.versions, version):
+            return fact
+    return None
+
+
+def platform_glibc(tag: str) -> tuple[int, int] | None:
+    """The glibc a ``manylinux_X_Y_arch`` tag requires, as ``(X, Y)``."""
+    m = re.fullmatch(r"manylinux_(\d+)_(\d+)_\w+", tag)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def derived_platform(spec: Spec) -> str | None:
+    """The platform tag the spec's base implies (Debian: its glibc), ignoring python.platform."""
+    base = spec.base
+    if isinstance(base, DebianBase):
+        glibc = glibc_of_suite(base.suite)
+        if glibc:
+            major, minor = glibc.split(".")
+            return f"manylinux_{major}_{minor}_{DEFAULT_MACHINE}"
+    return None
+
+
+def target_platform(spec: Spec) -> str | None:
+    """The wheel platform tag to resolve for: ``python.platform`` when given, else derived from
+    the base's glibc. None when neither is known (a registry image without ``python.platform``)."""
+    return spec.python.platform or derived_platform(spec)
