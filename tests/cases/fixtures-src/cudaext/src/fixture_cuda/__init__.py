@@ -1,0 +1,3 @@
+from fixture_cuda._kernel import gencode
+
+__all__ = ["gencode"]

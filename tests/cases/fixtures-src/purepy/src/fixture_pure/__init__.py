@@ -1,0 +1,9 @@
+"""A module the patch tests change."""
+
+
+def answer():
+    return 41
+
+
+def greeting():
+    return "hello"

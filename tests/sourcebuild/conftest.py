@@ -1,0 +1,110 @@
+"""Fixtures for source builds: sdists packed from tests/cases/fixtures-src, a store, nvcc."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from envbuild.fsio import sha256_file
+from envbuild.sourcebuild import FileRef, SourceBuildRequest
+from envbuild.store import Store
+from envbuild.toolchain import find_nvcc
+
+FIXTURES = Path(__file__).resolve().parent.parent / "cases" / "fixtures-src"
+
+
+def pack_sdist(src: Path, name: str, version: str, dest: Path) -> Path:
+    """A deterministic sdist (``name-version.tar.gz``) of the folder ``src``."""
+    top = f"{name.replace('-', '_')}-{version}"
+    out = dest / f"{top}.tar.gz"
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    with (
+        gzip.GzipFile(out, "wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        info = tarfile.TarInfo(f"{top}/PKG-INFO")
+        info.size, info.mtime, info.mode = len(pkg_info), 315532800, 0o644
+        tar.addfile(info, io.BytesIO(pkg_info))
+        for path in sorted(src.rglob("*")):
+            if path.is_dir() or "__pycache__" in path.parts:
+                continue
+            data = path.read_bytes()
+            info = tarfile.TarInfo(f"{top}/{path.relative_to(src).as_posix()}")
+            info.size, info.mtime, info.mode = len(data), 315532800, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.fixture(scope="session")
+def sdists(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], FileRef]:
+    """``sdists("cext")``: the fixture packed as an sdist, as a lock would name it."""
+    where = tmp_path_factory.mktemp("sdists")
+    names = {
+        "cext": "fixture-cext",
+        "cudaext": "fixture-cuda",
+        "broken": "fixture-broken",
+        "oomkill": "fixture-oomkill",
+        "purepy": "fixture-pure",
+    }
+    made: dict[str, FileRef] = {}
+
+    def get(folder: str) -> FileRef:
+        if folder not in made:
+            version = "2.1.0" if folder == "purepy" else "1.0.0"
+            path = pack_sdist(FIXTURES / folder, names[folder], version, where)
+            made[folder] = FileRef(
+                name=path.name,
+                url=path.as_uri(),
+                sha256=sha256_file(path),
+                size=path.stat().st_size,
+            )
+        return made[folder]
+
+    return get
+
+
+def request(sdist: FileRef, dist: str, **kw: object) -> SourceBuildRequest:
+    return SourceBuildRequest.model_validate(
+        {"dist": dist, "version": "1.0.0", "sdist": sdist.model_dump(), **kw}
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store")
+
+
+def store_state(store: Store) -> tuple[list[str], list[str]]:
+    """The blobs and derivation records in a store (what a failed build must not change)."""
+    blobs = sorted(p.name for p in store.blobs.iterdir()) if store.blobs.is_dir() else []
+    return blobs, store.derivations() if store.drvs.is_dir() else []
+
+
+@pytest.fixture(scope="session")
+def nvcc() -> str:
+    """An nvcc: $ENVBUILD_NVCC, CUDA_HOME, PATH or /usr/local/cuda. CI installs NVIDIA's wheels
+    (scripts/test) and sets ENVBUILD_NVCC; only outside CI may the CUDA tests skip."""
+    found = find_nvcc(required=False)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide nvcc (scripts/test installs nvidia-cuda-nvcc)")
+        pytest.skip("no nvcc here: install nvidia-cuda-nvcc or set ENVBUILD_NVCC")
+    return found
+
+
+@pytest.fixture(scope="session")
+def python_version() -> str:
+    import sys
+
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
