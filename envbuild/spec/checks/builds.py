@@ -1,0 +1,141 @@
+"""Checks of source builds: their flags, and whether their CUDA arch lists cover the target
+GPUs and hold only archs the toolkit can compile."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from packaging.version import Version
+
+from envbuild.errors import Problem
+from envbuild.spec import archs as archlist
+from envbuild.spec import knowledge as kb
+from envbuild.spec.checks import WARNING, TargetGpu, capabilities
+from envbuild.spec.load import KeyPath, LoadedSpec
+
+
+def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    spec = loaded.spec
+    ccs = capabilities(gpus)
+    toolkit = kb.toolkit_archs(spec.cuda.version) if spec.cuda else None
+    for name, build in spec.builds.items():
+        key: KeyPath = ("builds", name)
+        fact = kb.source_build(name, build.version)
+        lists: list[tuple[KeyPath, str, list[archlist.Arch]]] = []
+        if fact is not None:
+            yield from _known_build(loaded, key, name, build.env, fact)
+            if fact.arch_env:
+                value = build.env.get(fact.arch_env, fact.arch_default or "")
+                where = (*key, "env", fact.arch_env) if fact.arch_env in build.env else key
+                found, bad = archlist.parse_sm(value)
+                for token in bad:
+                    yield loaded.problem(
+                        where,
+                        f"{token!r} in {fact.arch_env} is not an SM number",
+                        'write SM numbers without a dot, ";"-separated: "80;90;120"',
+                    )
+                yield from _accepted(loaded, where, name, build.version, fact, found)
+                lists.append((where, fact.arch_env, found))
+        tal = kb.knowledge().torch_cuda_arch_list.env
+        if tal in build.env:
+            found, bad = archlist.parse_torch(build.env[tal])
+            for token in bad:
+                yield loaded.problem(
+                    (*key, "env", tal),
+                    f"{token!r} in {tal} is not a compute capability",
+                    'write it like "8.0;9.0;12.0+PTX"',
+                )
+            lists.append(((*key, "env", tal), tal, found))
+        if not lists:
+            yield loaded.problem(
+                key,
+                f"{name} names no CUDA arch list; a build in a container without GPUs then "
+                "compiles for torch's default archs",
+                f'set env.{tal} = "{";".join(ccs) or "12.0"}"',
+                severity=WARNING,
+            )
+        for where, env, found in lists:
+            missing = archlist.uncovered(found, ccs)
+            if missing:
+                shown = "; ".join(str(a) for a in found) or "nothing"
+                yield loaded.problem(
+                    where,
+                    f"{env} ({shown}) does not cover the host's compute capability "
+                    f"{', '.join(missing)}",
+                    f"add {', '.join(_spell(env, fact, cc) for cc in missing)} to {env}",
+                )
+            if toolkit and spec.cuda:
+                bad_archs = sorted(
+                    {a.capability for a in found if a.capability not in toolkit.archs},
+                    key=Version,
+                )
+                if bad_archs:
+                    yield loaded.problem(
+                        where,
+                        f"CUDA {spec.cuda.version} cannot compile for {', '.join(bad_archs)} "
+                        f"(it compiles {toolkit.archs[0]} to {toolkit.archs[-1]})",
+                        f"remove {', '.join(bad_archs)} from {env}, or use an older toolkit",
+                    )
+
+
+def _spell(env: str, fact: kb.SourceBuildFact | None, cc: str) -> str:
+    """How to write an arch that covers ``cc`` in ``env``'s format."""
+    if fact is None or env != fact.arch_env or fact.arch_format != "sm":
+        return repr(cc)
+    major, minor = (int(p) for p in cc.split("."))
+    if fact.arch_accepted is None:
+        return repr(f"{major}{minor}")
+    fits = [
+        a
+        for a in fact.arch_accepted
+        if a.isdigit() and int(a[:-1]) == major and int(a[-1]) <= minor
+    ]
+    return repr(max(fits, key=int)) if fits else repr(f"{major}{minor}")
+
+
+def _known_build(
+    loaded: LoadedSpec, key: KeyPath, name: str, env: dict[str, str], fact: kb.SourceBuildFact
+) -> Iterator[Problem]:
+    if fact.force_build_env and env.get(fact.force_build_env) != fact.force_build_value:
+        yield loaded.problem(
+            (*key, "env", fact.force_build_env) if fact.force_build_env in env else key,
+            f"without {fact.force_build_env}={fact.force_build_value} {name}'s setup.py "
+            "downloads a prebuilt wheel from GitHub instead of building from source",
+            f'set env.{fact.force_build_env} = "{fact.force_build_value}"',
+        )
+    for var in fact.int_env:
+        if var in env and not re.fullmatch(r"[1-9]\d*", env[var]):
+            yield loaded.problem(
+                (*key, "env", var),
+                f"{var} must be a positive whole number, not {env[var]!r}",
+                f'write it like {var} = "8"',
+            )
+
+
+def _accepted(
+    loaded: LoadedSpec,
+    where: KeyPath,
+    name: str,
+    version: str,
+    fact: kb.SourceBuildFact,
+    found: list[archlist.Arch],
+) -> Iterator[Problem]:
+    spec = loaded.spec
+    for arch in found:
+        sm = archlist.sm(arch)
+        if fact.arch_accepted is not None and sm not in fact.arch_accepted:
+            yield loaded.problem(
+                where,
+                f"{name} {version} ignores {sm!r} in {fact.arch_env}: its setup.py builds only "
+                f"{', '.join(fact.arch_accepted)}",
+                f"use {' / '.join(fact.arch_accepted)} (code for {arch.major}0 runs on every "
+                f"{arch.major}.x GPU)",
+            )
+        need = fact.arch_min_cuda.get(sm)
+        if need and spec.cuda and Version(spec.cuda.version) < Version(need):
+            yield loaded.problem(
+                where,
+                f"{name} builds {sm} only with CUDA >= {need}; the toolkit is {spec.cuda.version}",
+                f'set cuda.version = "{need}" or newer',
+            )

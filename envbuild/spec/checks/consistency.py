@@ -1,0 +1,196 @@
+"""Checks that the spec agrees with itself and its base: contradictory pins, literal secrets,
+the Debian suite, the wheel platform tag vs the base's glibc, and the Python version."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from envbuild.errors import Problem
+from envbuild.spec import knowledge as kb
+from envbuild.spec.checks import WARNING, TargetGpu
+from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.model import SECRET_REF, DebianBase
+
+#: Values that look like a credential pasted in, instead of a ``${VAR}`` reference.
+TOKEN_PATTERNS = {
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
+    "a GitHub token": re.compile(r"\b(ghp|gho|ghs|ghu)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{30,}"),
+    "an OpenAI-style API key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),
+    "an AWS access key": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+}
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY", re.IGNORECASE)
+
+
+def pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    """A distribution pinned in two places must be pinned to the same version."""
+    spec = loaded.spec
+    fixed: dict[str, tuple[str, str]] = {}  # name -> (version, where it is fixed)
+    if spec.torch:
+        fixed["torch"] = (spec.torch.version, "[torch]")
+    if spec.vllm:
+        fixed["vllm"] = (spec.vllm.version, "[vllm]")
+    for name, build in spec.builds.items():
+        fixed[canonicalize_name(name)] = (build.version, f"[builds.{name}]")
+    seen: dict[str, str] = {}
+    for name, specifier in spec.packages.items():
+        key: KeyPath = ("packages", name)
+        norm = canonicalize_name(name)
+        if norm in seen:
+            yield loaded.problem(
+                key,
+                f"{name!r} is listed twice in [packages] (also as {seen[norm]!r})",
+                "keep one of them",
+            )
+        seen[norm] = name
+        yield from _agrees(loaded, key, norm, specifier, fixed)
+    for i, text in enumerate(spec.requirements):
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        norm = canonicalize_name(req.name)
+        key = ("requirements", i)
+        if norm in seen:
+            yield loaded.problem(
+                key,
+                f"{req.name!r} is in both [packages] and requirements",
+                "keep one of them",
+            )
+        yield from _agrees(loaded, key, norm, str(req.specifier), fixed)
+    yield from _nvml(loaded)
+
+
+def _agrees(
+    loaded: LoadedSpec,
+    key: KeyPath,
+    norm: str,
+    specifier: str,
+    fixed: dict[str, tuple[str, str]],
+) -> Iterator[Problem]:
+    if norm not in fixed or not specifier:
+        return
+    version, where = fixed[norm]
+    if not SpecifierSet(specifier).contains(Version(version), prereleases=True):
+        yield loaded.problem(
+            key,
+            f"pins {norm} {specifier}, but {where} says {version}",
+            f"remove {norm} here; {where} already pins it",
+        )
+
+
+def _nvml(loaded: LoadedSpec) -> Iterator[Problem]:
+    """nvidia-ml-py's versions follow the driver (13.590.48 for 590.48.xx)."""
+    spec = loaded.spec
+    pinned = spec.normalized_packages().get("nvidia-ml-py", "")
+    m = re.fullmatch(r"==\s*(\d+)\.(\d+)\.(\d+)", pinned)
+    if not spec.host or not m:
+        return
+    branch, minor = spec.host.driver.split(".")[:2]
+    if (m.group(2), m.group(3)) != (branch, minor.lstrip("0") or "0"):
+        name = next(n for n in spec.packages if canonicalize_name(n) == "nvidia-ml-py")
+        yield loaded.problem(
+            ("packages", name),
+            f"nvidia-ml-py {pinned} is for driver {m.group(2)}.{m.group(3)}, the host has "
+            f"{spec.host.driver}",
+            f'pin the release that follows the driver (like "=={m.group(1)}.{branch}.'
+            f'{int(minor)}")',
+            severity=WARNING,
+        )
+
+
+def secrets(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    """A credential must be a ``${VAR}`` reference, never a literal in the spec."""
+    for key, value in _strings(loaded.raw, ()):
+        kind = next((k for k, p in TOKEN_PATTERNS.items() if p.search(value)), None)
+        last = key[-1] if key else ""
+        env_table = len(key) >= 2 and key[-2] == "env"
+        if (
+            kind is None
+            and env_table
+            and SECRET_NAME.search(str(last))
+            and value
+            and not SECRET_REF.fullmatch(value.strip())
+        ):
+            kind = "a literal credential"
+        if kind is None:
+            continue
+        var = str(last) if env_table else "HF_TOKEN"
+        yield loaded.problem(
+            key,
+            f"this looks like {kind} written into the spec; it would end up in the lock, the "
+            "image and the manifests",
+            f'reference the environment instead: "${{{var}}}" (and revoke the exposed token)',
+        )
+
+
+def _strings(value: Any, key: KeyPath) -> Iterator[tuple[KeyPath, str]]:
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, (*key, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, (*key, i))
+
+
+def platform(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    spec = loaded.spec
+    base = spec.base
+    tag = spec.python.platform
+    suite = kb.debian(base.suite) if isinstance(base, DebianBase) else None
+    if isinstance(base, DebianBase) and suite is None:
+        known = ", ".join(f.suite for f in kb.knowledge().debian)
+        yield loaded.problem(
+            ("base", "suite"),
+            f"envbuild does not know Debian suite {base.suite!r} (knows {known}); its glibc "
+            "and python3 are unknown",
+            "use a known suite, or add it to envbuild/spec/knowledge.toml",
+            severity=WARNING,
+        )
+    if kb.target_platform(spec) is None:
+        what = f"Debian {base.suite}" if isinstance(base, DebianBase) else f"a {base.kind} base"
+        yield loaded.problem(
+            ("python", "platform"),
+            f"the wheel platform tag cannot be derived from {what}",
+            'set python.platform (like "manylinux_2_36_x86_64" for glibc 2.36)',
+        )
+    if suite is None:
+        return
+    if tag is not None:
+        need = kb.platform_glibc(tag)
+        have = tuple(int(p) for p in suite.glibc.split("."))
+        if need is None:
+            yield loaded.problem(
+                ("python", "platform"),
+                f"{tag} is not a glibc platform tag; Debian {suite.suite} uses glibc {suite.glibc}",
+                f'set platform = "{kb.derived_platform(spec)}" or leave it out',
+            )
+        elif need > have:
+            yield loaded.problem(
+                ("python", "platform"),
+                f"{tag} needs glibc {need[0]}.{need[1]}, but Debian {suite.suite} has glibc "
+                f"{suite.glibc}: such wheels would not load",
+                f'set platform = "{kb.derived_platform(spec)}" or leave it out',
+            )
+        elif need < have:
+            yield loaded.problem(
+                ("python", "platform"),
+                f"{tag} is older than Debian {suite.suite}'s glibc {suite.glibc}: wheels built "
+                "for a newer glibc are excluded (vLLM needs some, e.g. llguidance's)",
+                f'leave platform out to use "{kb.derived_platform(spec)}"',
+                severity=WARNING,
+            )
+    if spec.python.interpreter == "/usr/bin/python3" and spec.python.version != suite.python:
+        yield loaded.problem(
+            ("python", "version"),
+            f"Debian {suite.suite}'s /usr/bin/python3 is {suite.python}, not {spec.python.version}",
+            f'set python.version = "{suite.python}", or a suite with Python {spec.python.version}',
+        )

@@ -1,0 +1,128 @@
+"""Checks of what runs on the host: parallelism vs GPUs, the KV-cache dtype for the architecture
+and vLLM release, the model's size vs GPU memory, and the model's pinned revision."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+
+from envbuild.errors import Problem
+from envbuild.spec import knowledge as kb
+from envbuild.spec.checks import WARNING, TargetGpu, capabilities
+from envbuild.spec.load import LoadedSpec
+
+GB_PER_GIB = 1024**3 / 1e9
+PLACEHOLDER_SHA = "0" * 40
+
+
+def parallelism(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    serve = loaded.spec.serve
+    if serve is None or not gpus:
+        return
+    have = sum(g.count for g in gpus)
+    need = serve.tensor_parallel_size * serve.pipeline_parallel_size
+    if need > have:
+        yield loaded.problem(
+            ("serve", "tensor_parallel_size"),
+            f"tensor_parallel_size x pipeline_parallel_size = {serve.tensor_parallel_size} x "
+            f"{serve.pipeline_parallel_size} = {need} GPUs, but the host has {have}",
+            f"use at most {have} GPUs (e.g. tensor_parallel_size = {have})",
+        )
+
+
+def kv_cache(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    spec = loaded.spec
+    serve = spec.serve
+    if serve is None:
+        return
+    dtype = serve.kv_cache_dtype
+    key = ("serve", "kv_cache_dtype")
+    known = kb.knowledge().vllm_kv_cache_dtypes.dtypes
+    if dtype not in known:
+        close = difflib.get_close_matches(dtype, known, n=1, cutoff=0.5)
+        yield loaded.problem(
+            key,
+            f"vLLM has no KV-cache dtype {dtype!r}",
+            f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(known[:6])} …",
+        )
+        return
+    if spec.vllm is None:
+        return
+    version = spec.vllm.version
+    family = kb.model_family(spec.model.repo) if spec.model else None
+    for cc in capabilities(gpus):
+        rules = kb.kv_cache_rules(cc, version)
+        if family is not None:
+            rules = [r for r in rules if r.attention == family.attention]
+        rejecting = [r for r in rules if dtype not in r.dtypes]
+        if not rejecting:
+            continue
+        kinds = " and ".join(sorted({r.attention.upper() for r in rejecting}))
+        later = _accepting_range(rejecting[0], dtype)
+        fix = 'use kv_cache_dtype = "auto"' + (f", or vLLM {later}" if later else "")
+        if family is None and len(rejecting) < len(rules):
+            # Only some attention kinds reject it, and the model's kind is unknown.
+            yield loaded.problem(
+                key,
+                f"KV-cache dtype {dtype!r} is not available for {kinds} models on compute "
+                f"capability {cc} in vLLM {version}; envbuild does not know {_repo(loaded)}'s "
+                "attention",
+                fix,
+                severity=WARNING,
+            )
+        else:
+            what = f"{family.name} ({family.attention.upper()})" if family else "any model"
+            yield loaded.problem(
+                key,
+                f"vLLM {version} has no KV-cache dtype {dtype!r} for {what} on compute "
+                f"capability {cc} (it takes {', '.join(rejecting[0].dtypes)})",
+                fix,
+            )
+
+
+def _repo(loaded: LoadedSpec) -> str:
+    return loaded.spec.model.repo if loaded.spec.model else "the model"
+
+
+def _accepting_range(rule: kb.KvCacheRule, dtype: str) -> str | None:
+    for other in kb.knowledge().kv_cache:
+        if (
+            other.attention == rule.attention
+            and other.cc_major == rule.cc_major
+            and dtype in other.dtypes
+        ):
+            return other.vllm
+    return None
+
+
+def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    spec = loaded.spec
+    if spec.model is None or not gpus:
+        return
+    if spec.model.revision == PLACEHOLDER_SHA:
+        yield loaded.problem(
+            ("model", "revision"),
+            "the revision is the all-zero placeholder, not a commit of the repo",
+            f"put the commit sha from https://huggingface.co/{spec.model.repo}/commits/main",
+            severity=WARNING,
+        )
+    sizes = [g.memory_gib for g in gpus if g.memory_gib]
+    if len(sizes) != len(gpus):
+        return
+    count = sum(g.count for g in gpus)
+    used = count
+    utilization = 1.0
+    if spec.serve is not None:
+        used = min(count, spec.serve.tensor_parallel_size * spec.serve.pipeline_parallel_size)
+        utilization = spec.serve.gpu_memory_utilization
+    total_gb = used * min(sizes) * GB_PER_GIB
+    usable_gb = total_gb * utilization
+    if spec.model.size_gb > usable_gb:
+        yield loaded.problem(
+            ("model", "size_gb"),
+            f"the model ({spec.model.size_gb:g} GB) is larger than the memory vLLM may use on "
+            f"{used} GPUs ({usable_gb:.0f} of {total_gb:.0f} GB at gpu_memory_utilization "
+            f"{utilization:g}); it will not load without offloading",
+            "use more GPUs, a smaller quantization, or cpu offloading in serve.extra_args",
+            severity=WARNING,
+        )
