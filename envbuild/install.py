@@ -238,7 +238,7 @@ def find_overlaps(files: Mapping[str, Mapping[str, str]]) -> list[Overlap]:
 def resolve_overlaps(
     overlaps: Sequence[Overlap], rules: Mapping[str, str]
 ) -> tuple[list[Overlap], dict[str, frozenset[str]]]:
-    """Apply the spec's ``[image.overlaps]`` (``loser = winner``; either side may be the key).
+    """Apply the spec's ``[image.overlaps]`` (``loser = winner``).
 
     Returns the overlaps with their winner, and for each losing distribution the paths to leave
     out of its layer. Raises :class:`OverlapError` for every pair no rule settles.
@@ -250,9 +250,9 @@ def resolve_overlaps(
     for ov in overlaps:
         a, b = canonicalize_name(ov.first), canonicalize_name(ov.second)
         winner = None
-        if norm.get(a) == b or norm.get(b) == b:
+        if norm.get(a) == b:
             winner = ov.second
-        elif norm.get(b) == a or norm.get(a) == a:
+        elif norm.get(b) == a:
             winner = ov.first
         if winner is None:
             unresolved.append(ov)
