@@ -24,13 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import proc
 from envbuild.errors import InputFileError, UserError
 from envbuild.fsio import atomic_writer, canonical_json, sha256_file
+from envbuild.store import Output, Store, derivation_key
 
 log = logging.getLogger("envbuild.patches")
 
@@ -306,3 +307,64 @@ def verify_record(wheel: Path) -> list[str]:
                     f"{n}: RECORD says {want_hash},{want_size}; file is {got[1]},{len(data)}"
                 )
     return problems
+
+
+# --- the derivation ---------------------------------------------------------------------------
+
+KIND = "patch"
+SHORT = 10
+
+
+class PatchResult(_Model):
+    key: str
+    reused: bool
+    wheel_digest: str
+    patched: PatchedWheel
+
+
+def patch_inputs(
+    dist: str, wheel_name: str, wheel_sha256: str, patches: Sequence[PatchRef]
+) -> dict[str, object]:
+    """The derivation inputs: the wheel's sha256 and each patch's path and sha256, in order."""
+    return {
+        "dist": canonicalize_name(dist),
+        "wheel": {"name": wheel_name, "sha256": wheel_sha256},
+        "patches": [p.model_dump() for p in patches],
+    }
+
+
+def patched_version(version: str, key: str) -> str:
+    return local_version(version, key[:SHORT])
+
+
+def realize_patch(
+    store: Store, dist: str, wheel: Path, patches: Sequence[tuple[Path, PatchRef]]
+) -> PatchResult:
+    """The patched wheel of ``dist``: from the store when these inputs were patched before."""
+    for path, ref in patches:
+        if not path.is_file():
+            raise InputFileError(ref.path, "no such patch file")
+        got = sha256_file(path)
+        if got != ref.sha256:
+            raise UserError(
+                f"{ref.path}: sha256 {got}, the lock says {ref.sha256}",
+                hint="the patch changed since the lock was made; run `envbuild lock`",
+            )
+    wheel_sha = sha256_file(wheel)
+    inputs = patch_inputs(dist, wheel.name, wheel_sha, [r for _, r in patches])
+    key = derivation_key(KIND, inputs)
+
+    def build() -> Output:
+        with store.temp_dir(prefix="patch-") as tmp:
+            patched = patch_wheel(wheel, patches, key[:SHORT], tmp)
+            digest = store.add_file(tmp / patched.wheel)
+        return Output(outputs={"wheel": digest}, meta={"patched": patched.model_dump()})
+
+    realized = store.build(KIND, inputs, build)
+    drv = realized.drv
+    return PatchResult(
+        key=drv.key,
+        reused=realized.reused,
+        wheel_digest=drv.outputs["wheel"],
+        patched=PatchedWheel.model_validate(drv.meta["patched"]),
+    )
