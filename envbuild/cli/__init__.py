@@ -22,6 +22,7 @@ from envbuild.errors import EnvbuildError, ExitCode, SpecError
 COMMANDS: tuple[str, ...] = (
     "validate",
     "show",
+    "lock",
     "push",
     "pull",
 )

@@ -1,0 +1,78 @@
+"""The base's part of the lock, from the spec alone (no network).
+
+An image base is already pinned by digest; an OCI layout by the digest the spec gives or, failing
+that, the one manifest its ``index.json`` lists; a rootfs tarball by the sha256 the spec gives.
+A Debian base records its suite, mirror and variant here; its resolved package set
+(``packages``) is filled by the base stage (envbuild.base), which resolves it against the
+mirror.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from envbuild.errors import SpecError
+from envbuild.lock.model import (
+    BaseLock,
+    DebianBaseLock,
+    ImageBaseLock,
+    OciLayoutBaseLock,
+    RootfsBaseLock,
+)
+from envbuild.spec.load import LoadedSpec
+
+
+def lock_base(loaded: LoadedSpec) -> BaseLock:
+    base = loaded.spec.base
+    if base.kind == "debian":
+        return DebianBaseLock(
+            kind="debian", suite=base.suite, mirror=base.mirror, variant=base.variant
+        )
+    if base.kind == "image":
+        ref, _, digest = base.ref.partition("@")
+        return ImageBaseLock(kind="image", ref=ref, digest=digest)
+    path = spec_path(loaded, ("base", "path"), base.path)
+    shown = path.relative_to(loaded.root).as_posix()
+    if base.kind == "rootfs":
+        return RootfsBaseLock(kind="rootfs", path=shown, sha256=base.sha256)
+    digest = base.digest or _layout_digest(loaded, path)
+    return OciLayoutBaseLock(kind="oci-layout", path=shown, digest=digest)
+
+
+def spec_path(loaded: LoadedSpec, key: tuple[str, ...], relative: str) -> Path:
+    """A path the spec names at ``key``, resolved against the file that set it."""
+    origin = loaded.origins.get(key)
+    folder = (origin[0] if origin else loaded.path).parent
+    return (folder / relative).resolve()
+
+
+def _layout_digest(loaded: LoadedSpec, layout: Path) -> str:
+    index = layout / "index.json"
+    try:
+        manifests = json.loads(index.read_text(encoding="utf-8")).get("manifests", [])
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SpecError(
+            [
+                loaded.problem(
+                    ("base", "path"),
+                    f"{loaded.display(index)} cannot be read as an OCI index ({exc})",
+                    "point base.path at an OCI image layout, or set base.digest",
+                )
+            ]
+        ) from None
+    digests = sorted(
+        {str(m["digest"]) for m in manifests if isinstance(m, dict) and m.get("digest")}
+    )
+    if len(digests) != 1:
+        raise SpecError(
+            [
+                loaded.problem(
+                    ("base", "path"),
+                    f"the OCI layout lists {len(digests)} manifests, so which one is the base "
+                    "is ambiguous",
+                    "set base.digest to the manifest's digest",
+                )
+            ]
+        )
+    return str(digests[0])

@@ -1,0 +1,1 @@
+"""alpha: a tiny test distribution."""

@@ -1,0 +1,1 @@
+"""beta: a tiny test distribution."""

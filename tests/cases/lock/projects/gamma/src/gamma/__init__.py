@@ -1,0 +1,1 @@
+"""gamma: a tiny test distribution."""

@@ -1,0 +1,1 @@
+"""torch: a tiny test distribution."""

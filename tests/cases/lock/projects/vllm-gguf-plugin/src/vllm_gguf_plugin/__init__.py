@@ -1,0 +1,1 @@
+"""vllm-gguf-plugin: a tiny test distribution."""

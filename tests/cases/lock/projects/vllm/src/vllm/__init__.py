@@ -1,0 +1,1 @@
+"""vllm: a tiny test distribution."""
