@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tarfile
+import tempfile
 import tomllib
 import urllib.parse
 import urllib.request
@@ -416,7 +417,7 @@ def _build(
         )
         outcome = builder.build(job)
         if outcome.wheel is None:
-            raise _failure(req, outcome, max_jobs)
+            raise _failure(req, outcome, max_jobs, _keep_log(req, outcome, inputs))
         check_wheel_name(req, outcome.wheel.name)
         audit = audit_wheel(outcome.wheel)
         log.info("%s %s: audit: %s", req.dist, req.version, audit.summary())
@@ -444,8 +445,19 @@ def _meta(
     }
 
 
-def _failure(req: SourceBuildRequest, outcome: BuildOutcome, max_jobs: int) -> BuildFailed:
+def _keep_log(req: SourceBuildRequest, outcome: BuildOutcome, inputs: dict[str, Any]) -> Path:
+    """A failed build's whole log, outside the store (which a failure leaves as it was)."""
+    key = derivation_key(KIND, inputs)
+    path = Path(tempfile.gettempdir()) / f"envbuild-{canonicalize_name(req.dist)}-{key[:12]}.log"
+    path.write_text(outcome.log, encoding="utf-8")
+    return path
+
+
+def _failure(
+    req: SourceBuildRequest, outcome: BuildOutcome, max_jobs: int, log_file: Path
+) -> BuildFailed:
     tail = "\n".join(outcome.log.rstrip().splitlines()[-LOG_TAIL:])
+    tail += f"\n(the whole log: {log_file})"
     argv = ["build", req.dist, req.version]
     if was_killed(outcome):
         return BuildFailed(
