@@ -236,5 +236,5 @@ def test_a_wheel_built_elsewhere_is_reused(
     reused = realize(req, builder, here)
     assert reused.reused and reused.origin == "added" and reused.wheel_digest == built.wheel_digest
     other = request(sdists("cudaext"), "fixture-cuda")
-    with pytest.raises(UserError, match="not fixture-cuda 1.0.0 as locked"):
+    with pytest.raises(UserError, match=r"not fixture-cuda 1\.0\.0 as locked"):
         add_wheel(other, builder, here, wheel)
