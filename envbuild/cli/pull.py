@@ -36,5 +36,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         render.echo(f"pulled {result.ref} into {result.path}")
         render.echo(f"digest: {result.digest}")
+        if result.layout_digest != result.digest:
+            render.echo(f"layout digest: {result.layout_digest} (layers as the engine saved them)")
         render.echo(f"verified: {result.blobs} blobs, {human_size(result.size)}")
     return ExitCode.OK

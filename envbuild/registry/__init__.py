@@ -24,7 +24,7 @@ from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotF
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.layout import LayoutImage, open_layout, verify_layout
 from envbuild.registry.ref import ImageRef, parse_ref, parse_repo
-from envbuild.registry.transport import SKOPEO_HINT, Skopeo, Transport
+from envbuild.registry.transport import SKOPEO_HINT, Copied, Skopeo, Transport
 
 __all__ = [
     "BlobTransfer",
@@ -50,7 +50,18 @@ def get_transport(name: TransportName = "auto") -> Transport:
     """skopeo when installed (or asked for); else the Docker engine through the docker SDK."""
     if name == "skopeo" or (name == "auto" and Skopeo.available()):
         return Skopeo()
+    from envbuild.registry.engine import DockerEngine
+
+    if name == "docker" or DockerEngine.available():
+        return DockerEngine()
     raise ToolNotFound("skopeo", hint=SKOPEO_HINT)
+
+
+def diff_ids(config: bytes) -> list[str]:
+    """The uncompressed digests of an image's layers, from its config."""
+    import json
+
+    return [str(d) for d in json.loads(config).get("rootfs", {}).get("diff_ids", [])]
 
 
 @dataclass(frozen=True)
@@ -108,15 +119,17 @@ class PushResult:
 @dataclass(frozen=True)
 class PullResult:
     ref: str
-    digest: str
+    digest: str  # the registry's manifest digest
     path: str
     blobs: int
     size: int
+    layout_digest: str  # the pulled layout's (differs only through an engine: layers unpacked)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ref": self.ref,
             "digest": self.digest,
+            "layout_digest": self.layout_digest,
             "path": self.path,
             "blobs": self.blobs,
             "size": self.size,
@@ -139,22 +152,56 @@ def push_image(
     blobs = [
         BlobTransfer(d.digest, d.size, d.media_type, not present[d.digest]) for d in image.blobs
     ]
-    log.info(
-        "pushing %s: %d of %d blobs to upload, %d already in the registry",
-        target, sum(b.uploaded for b in blobs), len(blobs), sum(not b.uploaded for b in blobs),
-    )  # fmt: skip
+    if transport.preserves_digests:
+        log.info(
+            "pushing %s: %d of %d blobs to upload, %d already in the registry",
+            target, sum(b.uploaded for b in blobs), len(blobs), sum(not b.uploaded for b in blobs),
+        )  # fmt: skip
+    else:
+        log.info("pushing %s through the %s engine", target, transport.name)
     copied = transport.push(image, target, endpoint, api.creds)
-    want = image.manifest.digest
-    if transport.name == "skopeo" and copied != want:
-        raise IntegrityError(f"the copy of {target} reports digest {copied}, the layout has {want}")
     reported = api.manifest_digest(target.reference)
-    if reported != copied:
+    if reported != copied.digest:
         raise IntegrityError(
             f"registry {target.registry} reports digest {reported} for {target}, "
-            f"the pushed manifest is {copied}",
+            f"the pushed manifest is {copied.digest}",
             hint="another push to the same tag may have raced this one; push again",
         )
-    return PushResult(str(target), copied, transport.name, blobs)
+    if transport.preserves_digests:
+        if copied.digest != image.manifest.digest:
+            raise IntegrityError(
+                f"the copy of {target} has digest {copied.digest}, the layout's is "
+                f"{image.manifest.digest}"
+            )
+    else:
+        blobs = _engine_blobs(image, api.manifest(copied.digest), copied, present)
+    return PushResult(str(target), copied.digest, transport.name, blobs)
+
+
+def _engine_blobs(
+    image: LayoutImage, pushed: dict[str, Any], copied: Copied, present: dict[str, bool]
+) -> list[BlobTransfer]:
+    """An engine recompresses layers: check it kept our config (which pins every layer's
+    content by diff_id) and account for the layers as the registry now has them."""
+    config = pushed.get("config") or {}
+    if config.get("digest") != image.config.digest:
+        raise IntegrityError(
+            f"the engine pushed config {config.get('digest')}, the layout's is "
+            f"{image.config.digest}: the image changed on the way"
+        )
+    ids = diff_ids(image.blob_path(image.config).read_bytes())
+    sent = copied.uploaded_by_diff_id or {}
+    blobs = [BlobTransfer(image.config.digest, image.config.size, image.config.media_type,
+                          not present[image.config.digest])]  # fmt: skip
+    for diff_id, layer in zip(ids, pushed.get("layers") or [], strict=True):
+        short = diff_id.split(":", 1)[1][:12]
+        uploaded = sent.get(short, True)
+        blobs.append(
+            BlobTransfer(
+                str(layer["digest"]), int(layer["size"]), str(layer["mediaType"]), uploaded
+            )
+        )
+    return blobs
 
 
 def push(
@@ -172,6 +219,19 @@ def push(
     image = open_layout(layout, tag)
     verify_layout(image)  # never send bytes that are not what the manifest promises
     return push_image(image, target, endpoint=endpoint, transport=transport)
+
+
+def _check_engine_pull(image: LayoutImage, remote: dict[str, Any]) -> None:
+    """An engine writes layers uncompressed: each must hash to the diff_id the (unchanged)
+    config names."""
+    want = (remote.get("config") or {}).get("digest")
+    if image.config.digest != want:
+        raise IntegrityError(
+            f"the engine saved config {image.config.digest}, the registry's is {want}"
+        )
+    ids = diff_ids(image.blob_path(image.config).read_bytes())
+    if ids != [d.digest for d in image.layers]:
+        raise IntegrityError("the engine's layers do not match the diff_ids of the image config")
 
 
 def _check_dest(dest: Path) -> None:
@@ -212,10 +272,13 @@ def pull(
         layout = tmp / "layout"
         transport.pull(source.pinned(digest), layout, endpoint, api.creds, source.tag)
         image = open_layout(layout, source.tag)
-        if image.manifest.digest != digest:
-            raise IntegrityError(
-                f"the pulled manifest is {image.manifest.digest}, the registry named {digest}"
-            )
+        if transport.preserves_digests:
+            if image.manifest.digest != digest:
+                raise IntegrityError(
+                    f"the pulled manifest is {image.manifest.digest}, the registry named {digest}"
+                )
+        else:
+            _check_engine_pull(image, api.manifest(digest))
         verify_layout(image)
         if dest.exists():
             dest.rmdir()
@@ -223,4 +286,6 @@ def pull(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("pulled %s (%s) into %s, every blob verified", source, digest, dest)
-    return PullResult(str(source), digest, shown, len(image.blobs), image.size)
+    return PullResult(
+        str(source), digest, shown, len(image.blobs), image.size, image.manifest.digest
+    )

@@ -10,6 +10,7 @@ settings as the copy (``--insecure``, ``--cert-dir``, ``/etc/containers/certs.d/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import ssl
@@ -19,8 +20,9 @@ import urllib.request
 from dataclasses import dataclass
 from email.message import Message
 from pathlib import Path
+from typing import Any
 
-from envbuild.errors import RegistryError
+from envbuild.errors import IntegrityError, RegistryError
 from envbuild.registry.auth import Credentials, config_files, find_credentials
 
 log = logging.getLogger("envbuild.registry")
@@ -234,3 +236,17 @@ class RegistryApi:
                 hint="envbuild needs a registry that sends Docker-Content-Digest",
             )
         return str(digest)
+
+    def manifest(self, digest: str) -> dict[str, Any]:
+        """The manifest ``digest`` names, checked against that digest."""
+        status, _, body = self.request(
+            "GET", f"/v2/{self.repository}/manifests/{digest}", MANIFEST_TYPES
+        )
+        if status != 200:
+            raise self._fail(status, body, f"manifest {digest}")
+        if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
+            raise IntegrityError(f"registry {self.registry} sent a manifest that is not {digest}")
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise IntegrityError(f"registry {self.registry}: manifest {digest} is not an object")
+        return data

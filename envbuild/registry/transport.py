@@ -12,6 +12,7 @@ import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild import proc
@@ -26,16 +27,27 @@ SKOPEO_HINT = (
 )
 
 
+@dataclass(frozen=True)
+class Copied:
+    """What a push reports: the manifest digest the registry stored; an engine that recompresses
+    layers also says, per layer (by the first 12 hex digits of its diff_id), whether it sent it."""
+
+    digest: str
+    uploaded_by_diff_id: dict[str, bool] | None = None
+
+
 class Transport(ABC):
     """Copies one image between a local OCI layout and a registry."""
 
     name: str
+    #: True when the registry gets the layout's own manifest and blobs, byte for byte.
+    preserves_digests: bool = True
 
     @abstractmethod
     def push(
         self, image: LayoutImage, target: ImageRef, endpoint: Endpoint, creds: Credentials | None
-    ) -> str:
-        """Copy ``image`` to ``target`` unchanged; return the manifest digest the copy reports."""
+    ) -> Copied:
+        """Copy ``image`` to ``target``; say which manifest digest the registry got."""
 
     @abstractmethod
     def pull(
@@ -62,7 +74,10 @@ def classify(exc: ToolFailed, registry: str, creds: Credentials | None) -> Excep
     """Turn a failed copy into the error a user can act on."""
     said = _tool_message(exc.output_tail)
     low = said.lower()
-    if "digest did not match" in low or "digest mismatch" in low or "size mismatch" in low:
+    if any(
+        s in low
+        for s in ("digest did not match", "digest mismatch", "size mismatch", "verification failed")
+    ):
         return IntegrityError(
             f"registry {registry} sent a blob that does not match its digest; it was refused: "
             f"{said}",
@@ -119,7 +134,7 @@ class Skopeo(Transport):
 
     def push(
         self, image: LayoutImage, target: ImageRef, endpoint: Endpoint, creds: Credentials | None
-    ) -> str:
+    ) -> Copied:
         name = image.manifest.annotations.get(REF_NAME)
         source = f"oci:{image.root}" + (f":{name}" if name else "")
         with auth_file(target.registry, creds) as authfile, tempfile.TemporaryDirectory() as tmp:
@@ -136,7 +151,7 @@ class Skopeo(Transport):
                 target.registry,
                 creds,
             )  # fmt: skip
-            return digestfile.read_text().strip()
+            return Copied(digestfile.read_text().strip())
 
     def pull(
         self,
