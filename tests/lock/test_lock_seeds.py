@@ -1,0 +1,49 @@
+"""The committed locks: every spec under specs/ has a current lock in lockfiles/, and (with the
+network) relocking the seed specs against PyPI gives the committed bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envbuild.lock import check_lock, lock_path, read_lock
+from envbuild.spec import load_spec
+
+REPO = Path(__file__).resolve().parent.parent.parent
+SPECS = sorted((REPO / "specs").glob("*.toml"))
+
+
+def test_there_are_seed_specs():
+    seeds = {"glm5-gguf", "kimi-nvfp4", "minimax-m25-fp8", "kimi-k25-int4"}
+    assert {p.stem for p in SPECS} >= seeds
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
+def test_committed_lock_is_current(spec):
+    check = check_lock(load_spec(spec))
+    assert check.ok, "\n".join(c.message for c in check.changes) + (
+        f"\nrelock with: envbuild lock {check.spec}"
+    )
+
+
+def test_glm5_locks_flash_attn_as_an_sdist_with_its_flags():
+    lock = read_lock(REPO / "lockfiles" / "glm5-gguf.pylock.toml")
+    (build,) = lock.envbuild.builds
+    assert (build.name, build.version) == ("flash-attn", "2.8.3.post2")
+    assert build.sdist.name == "flash_attn-2.8.3.post2.tar.gz"
+    assert build.env["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert lock.package("flash-attn").wheels == []
+    assert lock.package("torch").version == "2.14.0"
+    assert lock.package("vllm").version == "0.33.0"
+    assert lock.package("vllm-gguf-plugin") is not None
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("name", ["glm5-gguf", "minimax-m25-fp8"])
+def test_relocking_a_seed_against_pypi_gives_the_committed_bytes(cli, name, tmp_path):
+    spec = REPO / "specs" / f"{name}.toml"
+    out = tmp_path / f"{name}.pylock.toml"
+    result = cli("lock", spec, "--output", out)
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes() == lock_path(load_spec(spec)).read_bytes()
