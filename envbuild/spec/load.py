@@ -149,12 +149,20 @@ def _merge(
     for key, value in new.items():
         here = (*prefix, key)
         origins[here] = (path, line_of(lines, here))
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
+        if _mergeable(into.get(key), value):
             _merge(into[key], value, origins, lines, path, here)
         else:
             into[key] = _copy(value)
             for sub in _leaves(value, here):
                 origins[sub] = (path, line_of(lines, sub))
+
+
+def _mergeable(old: Any, new: Any) -> bool:
+    """Tables merge, unless the newer one switches ``kind`` (``[base] kind = "image"`` over a
+    Debian base): then it replaces the older one, whose keys mean nothing for the new kind."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    return "kind" not in new or old.get("kind") == new["kind"]
 
 
 def _copy(value: Any) -> Any:
@@ -219,7 +227,7 @@ class _Loader:
                         self.shown(path),
                         line,
                         "extends",
-                        f"{rel!r} is outside the repository ({self.root})",
+                        f"{rel!r} is outside the repository",
                         "keep shared bases under specs/base/",
                     )
                 )
@@ -255,7 +263,7 @@ class _Loader:
 
 def _merge_plain(into: dict[str, Any], new: dict[str, Any]) -> None:
     for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
+        if _mergeable(into.get(key), value):
             _merge_plain(into[key], value)
         else:
             into[key] = _copy(value)
@@ -271,15 +279,17 @@ def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
     raw.setdefault("name", path.stem)
     if ("name",) not in loader.origins:
         loader.origins[("name",)] = (path, None)
+    # A missing or refused extends leaves required keys unset: report the extends, not them.
+    extends_failed = bool(loader.problems)
     spec: Spec | None = None
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
-        loader.problems.extend(_problems(exc, raw, loader, path))
-    if loader.problems or spec is None:
+        loader.problems.extend(_problems(exc, raw, loader, path, skip_missing=extends_failed))
+    if spec is None:
         raise SpecError(loader.problems)
     loaded = LoadedSpec(spec, path, root, loader.files, raw, loader.origins)
-    problems = _check_paths(loaded)
+    problems = loader.problems + _check_paths(loaded)
     if problems:
         raise SpecError(problems)
     return loaded
@@ -287,19 +297,21 @@ def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
 
 def _check_paths(loaded: LoadedSpec) -> list[Problem]:
     problems = []
-    named: list[tuple[KeyPath, Path]] = []
+    named: list[tuple[KeyPath, str, Path]] = []
     for dist, paths in loaded.patch_files().items():
-        named.extend((("patches", dist, i), p) for i, p in enumerate(paths))
+        written = loaded.spec.patches[dist]
+        named.extend((("patches", dist, i), written[i], p) for i, p in enumerate(paths))
     base = loaded.spec.base
     if base.kind in ("oci-layout", "rootfs"):
-        named.append((("base", "path"), loaded._origin_dir(("base", "path")) / base.path))
-    for key, p in named:
+        where = loaded._origin_dir(("base", "path")) / base.path
+        named.append((("base", "path"), base.path, where))
+    for key, written_as, p in named:
         resolved = p.resolve()
         if not resolved.is_relative_to(loaded.root):
             problems.append(
                 loaded.problem(
                     key,
-                    f"{p} is outside the repository ({loaded.root})",
+                    f"{written_as!r} is outside the repository",
                     "keep files the spec names inside the repository",
                 )
             )
@@ -318,10 +330,17 @@ def _check_paths(loaded: LoadedSpec) -> list[Problem]:
 
 
 def _problems(
-    exc: ValidationError, raw: dict[str, Any], loader: _Loader, top: Path
+    exc: ValidationError,
+    raw: dict[str, Any],
+    loader: _Loader,
+    top: Path,
+    *,
+    skip_missing: bool = False,
 ) -> list[Problem]:
     out = []
     for err in exc.errors(include_url=False):
+        if skip_missing and err["type"] == "missing":
+            continue
         loc = _clean_loc(err["loc"])
         file, line = _where(loader, top, loc)
         message, hint = _describe(err, loc, raw)
@@ -371,8 +390,20 @@ def _describe(err: Any, loc: KeyPath, raw: dict[str, Any]) -> tuple[str, str | N
         return msg, "set kind to one of debian, image, oci-layout, rootfs"
     value = err.get("input")
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"{msg}, got {_short(value)}", None
+        return f"{msg}, got {_short(value)}", _TYPE_HINTS.get(kind.split("_")[0])
     return msg, None
+
+
+_TYPE_HINTS = {
+    "string": 'quote it: key = "value"',
+    "int": "write a whole number without quotes: key = 8",
+    "float": "write a number without quotes: key = 0.9",
+    "bool": "write true or false, without quotes",
+    "list": 'write a list: key = ["a", "b"]',
+    "dict": "write a table: [name] with key = value lines",
+    "model": "write a table: [name] with key = value lines",
+    "datetime": "write a TOML date-time without quotes: 2026-11-01T00:00:00Z",
+}
 
 
 def _short(value: Any) -> str:

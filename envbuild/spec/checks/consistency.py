@@ -156,7 +156,11 @@ def platform(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
             severity=WARNING,
         )
     if kb.target_platform(spec) is None:
-        what = f"Debian {base.suite}" if isinstance(base, DebianBase) else f"a {base.kind} base"
+        what = (
+            f"Debian {base.suite}"
+            if isinstance(base, DebianBase)
+            else f"a base of kind {base.kind!r}"
+        )
         yield loaded.problem(
             ("python", "platform"),
             f"the wheel platform tag cannot be derived from {what}",

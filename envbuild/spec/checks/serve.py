@@ -121,8 +121,8 @@ def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
         yield loaded.problem(
             ("model", "size_gb"),
             f"the model ({spec.model.size_gb:g} GB) is larger than the memory vLLM may use on "
-            f"{used} GPUs ({usable_gb:.0f} of {total_gb:.0f} GB at gpu_memory_utilization "
-            f"{utilization:g}); it will not load without offloading",
+            f"{used} GPU{'' if used == 1 else 's'} ({usable_gb:.0f} of {total_gb:.0f} GB at "
+            f"gpu_memory_utilization {utilization:g}); it will not load without offloading",
             "use more GPUs, a smaller quantization, or cpu offloading in serve.extra_args",
             severity=WARNING,
         )
