@@ -8,8 +8,15 @@ import pytest
 from envbuild.errors import ExitCode, Severity, SpecError
 from envbuild.spec.check import check_stack
 from envbuild.spec.load import load_spec
-from spec.cases import as_expected, case_names, entries, load_expected, materialize, matches
-from spec.cases import problems_of
+from spec.cases import (
+    as_expected,
+    case_names,
+    entries,
+    load_expected,
+    matches,
+    materialize,
+    problems_of,
+)
 
 
 @pytest.fixture(params=case_names())
@@ -19,7 +26,7 @@ def case(request: pytest.FixtureRequest) -> str:
 
 def test_case_problems(case, tmp_path):
     expected = load_expected(case)
-    assert sorted(expected) == sorted(entries(case)), "expected.json must cover spec.toml/fixed.toml"
+    assert sorted(expected) == sorted(entries(case)), "expected.json must cover each entry"
     specs = materialize(case, tmp_path)
     for entry in entries(case):
         want = expected[entry]
