@@ -165,16 +165,19 @@ def _compile(
             "--only-binary",
             ":all:",
         ]
-        default, *extras = [i for i in target.indexes if i.name != "torch"]
-        argv += ["--default-index", expand_url(default.url)]
+        default, *extras = [expand_url(i.url) for i in target.indexes if i.name != "torch"]
+        argv += ["--default-index", default]
         for index in extras:
-            argv += ["--index", expand_url(index.url)]
+            argv += ["--index", index]
         for name in builds:
             argv += ["--no-binary", name]
         if no_deps:
             argv.append("--no-deps")
         done = proc.run(argv, tool="uv", cwd=work, env=uv_env(), check=False, timeout=_TIMEOUT)
-        said = _explanation(done.stderr)
+        secrets: list[str | proc.Secret] = [a for a in argv if isinstance(a, proc.Secret)]
+        if target.torch_index:
+            secrets.append(expand_url(target.torch_index))
+        said = _explanation(done.stderr, secrets)
         if done.returncode != 0:
             if "No solution found" in said or "unsatisfiable" in said:
                 raise ResolutionFailed(
@@ -182,7 +185,13 @@ def _compile(
                     said,
                     hint=f"change the pins in {label} (or its resolution.exclude_newer)",
                 )
-            raise ToolFailed("uv", done.argv, done.returncode, said)
+            raise ToolFailed(
+                "uv",
+                done.argv,
+                done.returncode,
+                said,
+                hint="check the network and the index URLs in the spec; rerun with -v for uv's log",
+            )
         for line in said.splitlines():
             log.debug("uv: %s", line)
         return parse_pylock((work / "pylock.toml").read_text(encoding="utf-8"), target)
@@ -196,14 +205,19 @@ def uv_env() -> dict[str, str]:
     )
 
 
-def _explanation(stderr: str) -> str:
-    """uv's stderr without the notice that it builds nothing with the host's Python."""
+def _explanation(stderr: str, secrets: Sequence[str | proc.Secret] = ()) -> str:
+    """uv's stderr without the notice that it builds nothing with the host's Python, and with
+    the expanded value of every secret index URL redacted."""
     keep = [
         line
         for line in stderr.rstrip().splitlines()
         if not line.startswith("warning: The requested Python version")
     ]
-    return "\n".join(keep)
+    text = "\n".join(keep)
+    for secret in secrets:
+        if isinstance(secret, proc.Secret):
+            text = text.replace(secret.reveal(), str(secret))
+    return text
 
 
 def _write_project(work: Path, target: Target, requirements: Sequence[str]) -> None:

@@ -154,3 +154,26 @@ def test_lock_json_and_output_path(cli, demo, tmp_path):
     assert entry["changed"] is True and entry["builds"] == ["flashy"]
     assert entry["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     assert entry["packages"] == len(read_lock(out).packages)
+
+
+def test_index_credentials_stay_out_of_the_lock(cli, demo, local_index, monkeypatch, repo):
+    host = local_index.url.removeprefix("http://")
+    token = "s3cr3t-token-for-the-test"
+    monkeypatch.setenv("LOCK_TEST_TOKEN", token)
+    spec = demo(
+        (
+            f'index_url = "{local_index.url}/simple"',
+            f'index_url = "http://user:${{LOCK_TEST_TOKEN}}@{host}/simple"',
+        )
+    )
+    result = cli("lock", spec)
+    assert result.exit_code == 0, result.stderr
+    text = (repo / "lockfiles" / "demo.pylock.toml").read_text()
+    assert token not in text
+    assert "${LOCK_TEST_TOKEN}" in text  # the reference, as the spec writes it
+    assert f'url = "{local_index.url}/files/alpha-1.0.0-py3-none-any.whl"' in text
+
+    monkeypatch.delenv("LOCK_TEST_TOKEN")
+    missing = cli("lock", spec)
+    assert missing.exit_code == 2
+    assert "LOCK_TEST_TOKEN" in missing.stderr and "not set" in missing.stderr
