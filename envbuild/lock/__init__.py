@@ -201,6 +201,8 @@ __all__ = [
     "LockedPackage",
     "build_lock",
     "check_lock",
+    "dumps",
+    "loads",
     "lock_path",
     "lock_spec",
     "read_lock",
