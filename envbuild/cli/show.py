@@ -38,5 +38,6 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(loaded.display(f) for f in loaded.files)})"
         )
         render.echo(f"# spec hash: {loaded.spec_hash()}")
-        render.echo(render.to_toml(data).rstrip())
+        # Python mode keeps TOML's own types (a date-time stays one), so the output is a spec.
+        render.echo(render.to_toml(loaded.spec.model_dump(mode="python")).rstrip())
     return ExitCode.OK
