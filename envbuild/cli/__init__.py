@@ -25,6 +25,7 @@ COMMANDS: tuple[str, ...] = (
     "lock",
     "push",
     "pull",
+    "store",
 )
 
 EXIT_CODES_HELP = """\

@@ -1,0 +1,122 @@
+"""`envbuild store {plan,add-wheel,ls,path}`: source builds and patched wheels in the store."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode, UsageError
+from envbuild.sourceplan import add_wheel_for_spec, plan_for_spec, stored_outputs
+from envbuild.store import Store, default_store
+
+
+def _store_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        help="the store (default: $ENVBUILD_STORE, else ~/.cache/envbuild/store)",
+    )
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "store",
+        help="source builds and patched wheels: plan, add a wheel built elsewhere, list, locate",
+        description="Source builds (flash-attn …) and patched wheels are derivations in the store, "
+        "keyed by every input. These commands show and manage them.",
+    )
+    group = p.add_subparsers(dest="store_command", metavar="STORE_COMMAND", required=True)
+
+    plan = group.add_parser(
+        "plan",
+        help="the spec's source builds (flags, sdist, target GPUs) and patches, before building",
+    )
+    plan.add_argument("spec", metavar="SPEC", type=Path)
+    render.add_json_flag(plan)
+    plan.set_defaults(func=_plan)
+
+    add = group.add_parser(
+        "add-wheel",
+        help="record a wheel built elsewhere as SPEC's build of DIST (audited first)",
+        description="Audit WHEEL's GPU code against SPEC's GPUs and record it under the input key "
+        "a build here would have (same sdist, torch, Python, compilers, flags), so `envbuild "
+        "build` reuses it instead of compiling.",
+    )
+    add.add_argument("spec", metavar="SPEC", type=Path)
+    add.add_argument("dist", metavar="DIST", help="the distribution SPEC builds, e.g. flash-attn")
+    add.add_argument("wheel", metavar="WHEEL", type=Path)
+    _store_flag(add)
+    render.add_json_flag(add)
+    add.set_defaults(func=_add)
+
+    ls = group.add_parser("ls", help="list the source builds and patched wheels in the store")
+    _store_flag(ls)
+    render.add_json_flag(ls)
+    ls.set_defaults(func=_ls)
+
+    path = group.add_parser("path", help="print the stored wheel (or --log) of DIST or KEY")
+    path.add_argument("which", metavar="DIST|KEY")
+    path.add_argument("--log", action="store_true", help="the build log instead of the wheel")
+    _store_flag(path)
+    path.set_defaults(func=_path)
+
+
+def _store(args: argparse.Namespace) -> Store:
+    return Store(args.store) if args.store else default_store()
+
+
+def _plan(args: argparse.Namespace) -> int:
+    planned = plan_for_spec(args.spec)
+    if args.json:
+        render.emit_json([p.model_dump(mode="json") for p in planned])
+    elif not planned:
+        render.echo("no source builds and no patches")
+    for p in planned if not args.json else []:
+        render.echo(f"{p.kind} {p.dist}: {p.summary}")
+        if p.key:
+            render.echo(f"  key {p.key}")
+    return ExitCode.OK
+
+
+def _add(args: argparse.Namespace) -> int:
+    store = _store(args)
+    result = add_wheel_for_spec(args.spec, args.dist, args.wheel, store)
+    if args.json:
+        render.emit_json(result.model_dump(mode="json"))
+        return ExitCode.OK
+    render.echo(f"added {result.wheel} as {result.dist} {result.version} (key {result.key})")
+    render.echo(f"audit: {result.audit.summary()}")
+    return ExitCode.OK
+
+
+def _ls(args: argparse.Namespace) -> int:
+    outputs = stored_outputs(_store(args))
+    if args.json:
+        render.emit_json([o.model_dump(mode="json") for o in outputs])
+        return ExitCode.OK
+    for o in outputs:
+        archs = " ".join([*o.sass, *o.ptx]) or "-"
+        render.echo(
+            f"{o.key[:12]}  {o.kind:<12} {o.dist} {o.version}  {o.origin:<7} {archs}  {o.wheel}"
+        )
+    return ExitCode.OK
+
+
+def _path(args: argparse.Namespace) -> int:
+    store = _store(args)
+    outputs = stored_outputs(store)
+    found = [o for o in outputs if o.key.startswith(args.which) or o.dist == args.which]
+    keys = {o.key for o in found}
+    if len(keys) != 1:
+        raise UsageError(
+            f"{args.which!r} names {len(keys)} stored builds",
+            hint="give the key (or a longer prefix): `envbuild store ls` lists them",
+        )
+    o = found[0]
+    digest = o.log_digest if args.log else o.wheel_digest
+    if digest is None:
+        raise UsageError(f"{o.dist} {o.version} has no build log (it was added, not built here)")
+    render.echo(str(store.blob_path(digest)))
+    return ExitCode.OK

@@ -1,0 +1,130 @@
+"""`envbuild store plan/add-wheel/ls/path` on the seed spec and on a fixture spec with a lock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sourcebuild.conftest import FIXTURES
+
+from envbuild.builder import HostBuilder
+from envbuild.lock import lock_path
+from envbuild.lock.io import dumps
+from envbuild.lock.model import EnvbuildLock, Index, Lock, LockedBuild, LockedFile, ToolTable
+from envbuild.sourcebuild import FileRef, realize
+from envbuild.sourceplan import build_requests
+from envbuild.spec.load import load_spec
+from envbuild.store import Store
+
+REPO = FIXTURES.parents[2]
+
+SPEC = """\
+name = "cext-demo"
+[base]
+kind = "debian"
+[python]
+version = "{python}"
+[resolution]
+exclude_newer = 2026-01-01T00:00:00Z
+[builds.fixture-cext]
+version = "1.0.0"
+env = {{ CEXT_GREETING = "from-the-spec" }}
+"""
+
+
+def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., object]) -> None:
+    spec = REPO / "specs" / "glm5-gguf.toml"
+    res = cli("store", "plan", spec)
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    out = res.stdout  # type: ignore[attr-defined]
+    assert (
+        "source-build flash-attn: build flash-attn 2.8.3.post2 from flash_attn-2.8.3.post2.tar.gz"
+        " with FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=120 MAX_JOBS=16"
+        " NVCC_THREADS=4 TORCH_CUDA_ARCH_LIST=12.0; archs sm_120; audit for GPUs 12.0"
+    ) in out
+    assert "patch vllm: patch vllm-0.33.0-" in out
+    assert "with specs/patches/vllm-glm-moe-dsa-fp8-kv-sm120.patch (sha256 " in out
+    data = cli("store", "plan", spec, "--json").json()  # type: ignore[attr-defined]
+    build, patch = data
+    assert build["inputs"]["env"]["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert build["inputs"]["torch"]["version"] and build["inputs"]["target_ccs"] == ["12.0"]
+    assert patch["patched_version"].startswith("0.33.0+envbuild.")
+    assert patch["patched_version"].endswith(patch["key"][:10])
+
+
+def _lock_fixture(repo: Path, sdist: FileRef, python: str) -> Path:
+    spec = repo / "specs" / "cext-demo.toml"
+    spec.write_text(SPEC.format(python=python))
+    loaded = load_spec(spec)
+    lock = Lock(
+        requires_python=f">={python}",
+        packages=[],
+        tool=ToolTable(
+            envbuild=EnvbuildLock(
+                spec="cext-demo",
+                spec_hash=loaded.spec_hash(),
+                python=python,
+                platform="manylinux_2_36_x86_64",
+                exclude_newer=datetime(2026, 1, 1, tzinfo=UTC),
+                indexes=[Index(name="default", url="https://pypi.org/simple")],
+                requirements=[],
+                builds=[
+                    LockedBuild(
+                        name="fixture-cext",
+                        version="1.0.0",
+                        sdist=LockedFile(
+                            name=sdist.name,
+                            url=sdist.url,
+                            size=sdist.size or 0,
+                            hashes={"sha256": sdist.sha256},  # type: ignore[arg-type]
+                        ),
+                        env={"CEXT_GREETING": "from-the-spec"},
+                    )
+                ],
+            )
+        ),
+    )
+    path = lock_path(loaded)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(lock, spec_file="specs/cext-demo.toml"))
+    return spec
+
+
+@pytest.mark.network
+def test_add_wheel_then_ls_and_path(
+    cli: Callable[..., object],
+    repo: Path,
+    tmp_path: Path,
+    sdists: Callable[[str], FileRef],
+    python_version: str,
+) -> None:
+    spec = _lock_fixture(repo, sdists("cext"), python_version)
+    loaded = load_spec(spec)
+    from envbuild.lock import read_lock
+
+    (req,) = build_requests(loaded, read_lock(lock_path(loaded)))
+    big = Store(tmp_path / "big")
+    built = realize(req, HostBuilder(python_version), big)
+    wheel = tmp_path / built.wheel
+    wheel.write_bytes(big.blob_path(built.wheel_digest).read_bytes())
+
+    here = tmp_path / "here"
+    res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", here, "--json")
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    added = res.json()  # type: ignore[attr-defined]
+    assert added["key"] == built.key and added["origin"] == "added"
+    assert realize(req, HostBuilder(python_version), Store(here)).reused
+
+    listed = cli("store", "ls", "--store", here, "--json").json()  # type: ignore[attr-defined]
+    assert [(o["dist"], o["kind"], o["origin"], o["wheel"]) for o in listed] == [
+        ("fixture-cext", "source-build", "added", built.wheel)
+    ]
+    res = cli("store", "path", "fixture-cext", "--store", here)
+    assert Path(res.stdout.strip()).read_bytes() == wheel.read_bytes()  # type: ignore[attr-defined]
+    res = cli("store", "path", "fixture-cext", "--store", here, "--log")
+    assert res.exit_code == 2 and "no build log" in res.stderr  # type: ignore[attr-defined]
+    res = cli("store", "add-wheel", spec, "flash-attn", wheel, "--store", here)
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    assert "builds no flash-attn from source" in res.stderr  # type: ignore[attr-defined]
