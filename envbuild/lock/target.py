@@ -125,7 +125,12 @@ def requirements_of(loaded: LoadedSpec) -> list[str]:
     spec = loaded.spec
     reqs: list[str] = []
     if spec.torch:
-        reqs.append(f"torch=={spec.torch.version}")
+        version = spec.torch.version
+        if spec.torch.index != "pypi" and "+" not in version:
+            # a PyTorch-style index serves every CUDA variant as a local version: pin the one
+            # the spec names (PyPI's torch carries no local version)
+            version += f"+{spec.torch.cuda}"
+        reqs.append(f"torch=={version}")
     if spec.vllm:
         extras = f"[{','.join(sorted(spec.vllm.extras))}]" if spec.vllm.extras else ""
         reqs.append(f"vllm{extras}=={spec.vllm.version}")

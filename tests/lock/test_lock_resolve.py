@@ -144,6 +144,7 @@ def test_torch_comes_from_the_torch_index(cli, demo, local_index):
     assert torch.index == local_index.torch
     assert lock.package("alpha").index == local_index.simple
     assert [i.name for i in lock.envbuild.indexes] == ["default", "torch"]
+    assert "torch==2.14.0+cu130" in lock.envbuild.requirements
 
 
 def test_lock_json_and_output_path(cli, demo, tmp_path):
