@@ -179,9 +179,9 @@ class HostBuilder(Builder):
         if job.exclude_newer:
             install += ["--exclude-newer", job.exclude_newer]
         if job.index_url:
-            install += ["--index-url", job.index_url]
+            install += ["--index-url", self._expand(job.index_url)]
         for url in job.extra_index_urls:
-            install += ["--extra-index-url", url]
+            install += ["--extra-index-url", self._expand(url)]
         if job.requires and not step([*install, *job.requires], env):
             return BuildOutcome(1, blog.text(), None)
         build_env = self._build_env(job)
@@ -202,6 +202,12 @@ class HostBuilder(Builder):
         wheel = wheels[0] if done.returncode == 0 and len(wheels) == 1 else None
         return BuildOutcome(done.returncode, blog.text(), wheel)
 
+    def _expand(self, url: str | proc.Secret) -> str | proc.Secret:
+        """An index URL with ``${NAME}`` references filled from the environment, as a Secret."""
+        if isinstance(url, proc.Secret) or not _REF.search(url):
+            return url
+        return proc.Secret(_REF.sub(lambda m: self.base_env.get(m.group(1), ""), url))
+
     def _build_env(self, job: BuildJob) -> dict[str, str]:
         extra = dict(job.env)
         extra["SOURCE_DATE_EPOCH"] = SOURCE_DATE_EPOCH
@@ -212,6 +218,9 @@ class HostBuilder(Builder):
             env["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
             env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
         return env
+
+
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 # --- recognising how a build failed ----------------------------------------------------------

@@ -238,3 +238,11 @@ def test_a_wheel_built_elsewhere_is_reused(
     other = request(sdists("cudaext"), "fixture-cuda")
     with pytest.raises(UserError, match=r"not fixture-cuda 1\.0\.0 as locked"):
         add_wheel(other, builder, here, wheel)
+
+
+def test_index_credentials_stay_secret() -> None:
+    builder = HostBuilder("3.11", base_env={"PATH": "/usr/bin", "INDEX_TOKEN": "s3cret"})
+    url = builder._expand("https://user:${INDEX_TOKEN}@index.example/simple")
+    assert isinstance(url, proc.Secret) and str(url) == "***"
+    assert url.reveal() == "https://user:s3cret@index.example/simple"
+    assert builder._expand("https://pypi.org/simple") == "https://pypi.org/simple"
