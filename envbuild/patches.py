@@ -234,14 +234,20 @@ def _set_version(metadata: Path, version: str) -> None:
 
 
 def patch_wheel(
-    wheel: Path, patches: Sequence[tuple[Path, PatchRef]], short: str, out_dir: Path
+    wheel: Path,
+    patches: Sequence[tuple[Path, PatchRef]],
+    short: str,
+    out_dir: Path,
+    *,
+    filename: str | None = None,
 ) -> PatchedWheel:
     """Apply ``patches`` to ``wheel``; write the patched wheel into ``out_dir``.
 
     ``short`` is the local-version hash (from the derivation key). Raises :class:`PatchFailed`.
     """
-    name, version, _build, tags = parse_wheel_filename(wheel.name)
-    tag = wheel.name[:-4].split("-", 2)[2]  # python-abi-platform (and a build tag) as written
+    filename = filename or wheel.name
+    name, version, _build, tags = parse_wheel_filename(filename)
+    tag = filename[:-4].split("-", 2)[2]  # python-abi-platform (and a build tag) as written
     del tags
     with tempfile.TemporaryDirectory(prefix="envbuild-patch-") as tmp:
         unpacked = _unpack(wheel, Path(tmp) / "w")
@@ -338,7 +344,12 @@ def patched_version(version: str, key: str) -> str:
 
 
 def realize_patch(
-    store: Store, dist: str, wheel: Path, patches: Sequence[tuple[Path, PatchRef]]
+    store: Store,
+    dist: str,
+    wheel: Path,
+    patches: Sequence[tuple[Path, PatchRef]],
+    *,
+    filename: str | None = None,
 ) -> PatchResult:
     """The patched wheel of ``dist``: from the store when these inputs were patched before."""
     for path, ref in patches:
@@ -351,12 +362,13 @@ def realize_patch(
                 hint="the patch changed since the lock was made; run `envbuild lock`",
             )
     wheel_sha = sha256_file(wheel)
-    inputs = patch_inputs(dist, wheel.name, wheel_sha, [r for _, r in patches])
+    filename = filename or wheel.name  # a store blob is named by its digest: pass the file name
+    inputs = patch_inputs(dist, filename, wheel_sha, [r for _, r in patches])
     key = derivation_key(KIND, inputs)
 
     def build() -> Output:
         with store.temp_dir(prefix="patch-") as tmp:
-            patched = patch_wheel(wheel, patches, key[:SHORT], tmp)
+            patched = patch_wheel(wheel, patches, key[:SHORT], tmp, filename=filename)
             digest = store.add_file(tmp / patched.wheel)
         return Output(outputs={"wheel": digest}, meta={"patched": patched.model_dump()})
 

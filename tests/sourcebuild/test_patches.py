@@ -216,3 +216,17 @@ def test_a_real_pypi_wheel(tmp_path: Path) -> None:
     assert os.path.exists(
         site / f"six-{result.patched.patched_version}.dist-info" / "envbuild-patches.json"
     )
+
+
+def test_a_wheel_stored_as_a_blob_is_patched_under_its_file_name(
+    pure_wheel: Path, tmp_path: Path
+) -> None:
+    store = Store(tmp_path / "store")
+    digest = store.add_file(pure_wheel)
+    by_name = realize_patch(store, "fixture-pure", pure_wheel, [ref("pure-fix.patch")])
+    blob = store.blob_path(digest)  # named by its sha256, as the build's fetch stage keeps it
+    from_blob = realize_patch(
+        store, "fixture-pure", blob, [ref("pure-fix.patch")], filename=pure_wheel.name
+    )
+    assert from_blob.reused and from_blob.key == by_name.key
+    assert from_blob.patched.wheel.startswith("fixture_pure-2.1.0+envbuild.")
