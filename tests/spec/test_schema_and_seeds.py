@@ -4,10 +4,14 @@ merged spec."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from envbuild.errors import ExitCode, Severity
 from envbuild.spec import knowledge as kb
@@ -102,3 +106,35 @@ def test_show_of_a_bad_spec_is_a_located_error(cli, tmp_path):
         result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+def test_the_annotated_spec_in_the_docs_validates(tmp_path):
+    doc = (REPO / "docs" / "spec.md").read_text("utf-8")
+    text = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / ".git").mkdir()
+    specs = tmp_path / "specs"
+    for rel in ("base/rtx-pro-6000-8x.toml", "patches/vllm-glm-moe-dsa-fp8-kv-sm120.patch"):
+        (specs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (specs / rel).write_bytes((REPO / "specs" / rel).read_bytes())
+    (specs / "annotated.toml").write_text(text, "utf-8")
+    report = validate(specs / "annotated.toml")
+    assert {p.key for p in report.warnings} <= {"model.revision"}
+    documented = set(re.findall(r"^\[+([a-z_.-]+)\]+", text, re.MULTILINE))
+    assert {"host", "host.gpus", "cuda", "base", "python", "torch", "vllm", "model"} <= documented
+    assert {"serve", "serve.env", "image", "resolution", "patches", "packages"} <= documented
+
+
+def test_the_docs_name_every_key_of_the_spec():
+    doc = (REPO / "docs" / "spec.md").read_text("utf-8")
+    names: set[str] = set()
+    pending: list[Any] = [Spec]
+    while pending:
+        model = pending.pop()
+        for field_name, info in model.model_fields.items():
+            names.add(field_name)
+            for arg in typing.get_args(info.annotation) or (info.annotation,):
+                for inner in typing.get_args(arg) or (arg,):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        pending.append(inner)
+    missing = sorted(n for n in names if not re.search(rf"\b{re.escape(n)}\b", doc))
+    assert not missing, f"docs/spec.md does not describe {missing}"
