@@ -234,7 +234,7 @@ def tree_entries(root: Path, *, prefix: str = "") -> list[Entry]:
     return entries
 
 
-def _arrange(entries: Iterable[Entry]) -> list[Entry]:
+def arrange(entries: Iterable[Entry]) -> list[Entry]:
     """Normalize paths, refuse duplicates, add missing parents, sort bytewise, and make the
     first path of each hardlink group (in sort order) the one that holds the content."""
     by_path: dict[str, Entry] = {}
@@ -281,7 +281,7 @@ def _arrange(entries: Iterable[Entry]) -> list[Entry]:
     return [by_path[p] for p in sorted(by_path, key=os.fsencode)]
 
 
-class _Sink:
+class Sink:
     """Collects small writes into 1 MiB chunks for ``out``."""
 
     def __init__(self, out: Callable[[bytes | bytearray | memoryview], None]) -> None:
@@ -311,7 +311,7 @@ class _Counts:
     file_bytes: int = 0
 
 
-def _write_tar(entries: list[Entry], sink: _Sink, mtime: int) -> _Counts:
+def write_tar(entries: list[Entry], sink: Sink, mtime: int) -> _Counts:
     counts = _Counts()
     chunk = bytearray(CHUNK)
     for entry in entries:
@@ -344,7 +344,7 @@ def _write_tar(entries: list[Entry], sink: _Sink, mtime: int) -> _Counts:
     return counts
 
 
-def _copy_content(entry: Entry, sink: _Sink, chunk: bytearray) -> None:
+def _copy_content(entry: Entry, sink: Sink, chunk: bytearray) -> None:
     if entry.source is None:
         raise LayerError(f"{entry.path!r} has {entry.size} bytes but no source")
     left = entry.size
@@ -377,7 +377,7 @@ def write_layer(
     mtime: int | None = None,
 ) -> Layer:
     """Write ``entries`` as one deterministic layer blob into ``store`` and describe it."""
-    arranged = _arrange(entries)
+    arranged = arrange(entries)
     level = DEFAULT_LEVEL[compression] if level is None else level
     mtime = source_date_epoch() if mtime is None else mtime
     diff = hashlib.sha256()
@@ -388,8 +388,8 @@ def write_layer(
                 diff.update(data)
                 blob.write(data)
 
-            sink = _Sink(out)
-            counts = _write_tar(arranged, sink, mtime)
+            sink = Sink(out)
+            counts = write_tar(arranged, sink, mtime)
         else:
             argv = _compress_argv(compression, level)
             with proc.filter_bytes(argv, blob.write, hint=_install_hint(argv[0])) as feed:
@@ -398,8 +398,8 @@ def write_layer(
                     diff.update(data)
                     feed(data)
 
-                sink = _Sink(out)
-                counts = _write_tar(arranged, sink, mtime)
+                sink = Sink(out)
+                counts = write_tar(arranged, sink, mtime)
     layer = Layer(
         digest=blob.digest,
         diff_id=f"sha256:{diff.hexdigest()}",

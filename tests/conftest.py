@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.dockerd import docker_host  # noqa: F401
 from support.registry import registry, registry_auth, registry_tls  # noqa: F401
 
 from envbuild.cli import main

@@ -26,6 +26,8 @@ COMMANDS: tuple[str, ...] = (
     "push",
     "pull",
     "store",
+    "load",
+    "gc",
 )
 
 EXIT_CODES_HELP = """\

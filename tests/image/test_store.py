@@ -225,3 +225,19 @@ def test_a_full_disk_is_a_clear_store_error(tmp_path):
         assert store.verify().ok
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_gc_command_reports_and_removes(tmp_path, cli):
+    store = Store(tmp_path / "store")
+    kept = store.add_bytes(b"kept")
+    garbage = store.add_bytes(b"garbage")
+    store.set_root("img", blobs=[kept])
+    dry = cli("gc", "--store", store.root, "--dry-run", "--json")
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.json()["removed_blobs"] == [garbage]
+    assert store.has_blob(garbage)
+    done = cli("gc", "--store", store.root)
+    assert done.exit_code == 0
+    assert f"removed blob {garbage}" in done.stdout
+    assert "removed 1 blobs (7 B)" in done.stdout
+    assert not store.has_blob(garbage) and store.has_blob(kept)

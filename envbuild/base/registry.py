@@ -1,0 +1,108 @@
+"""A registry image pinned by digest, pulled with skopeo and checked against that digest.
+
+``skopeo inspect --raw`` fetches the manifest the digest names and its sha256 is compared with
+the pin; a multi-platform index is followed to its ``linux/<arch>`` manifest (whose digest the
+index fixes). ``skopeo copy`` then pulls that manifest into a ``dir:`` folder, which keeps the
+manifest's bytes as the registry served them; the manifest, the config and every layer are
+checked against their digests again as they enter the store, and the layers are scanned
+(:func:`envbuild.base.rootfs.import_image`). The derivation key is the manifest digest: the same
+image pulled from a mirror is the same base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from envbuild import proc
+from envbuild.base.model import BaseImage
+from envbuild.base.rootfs import base_from_output, import_image
+from envbuild.errors import IntegrityError, ManifestError
+from envbuild.lock.model import ImageBaseLock
+from envbuild.store import Output, Store, digest_hex
+
+log = logging.getLogger("envbuild.base")
+
+RECIPE = 1
+HINT = "install it (Debian: apt-get install skopeo)"
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+def _tls(tls_verify: bool) -> list[str]:
+    return [] if tls_verify else ["--src-tls-verify=false"]
+
+
+def _raw_manifest(ref: str, digest: str, tls_verify: bool) -> dict[str, Any]:
+    done = proc.run(
+        ["skopeo", "inspect", "--raw", *_tls(tls_verify), f"docker://{ref}@{digest}"],
+        tool="skopeo",
+        env=proc.child_env(),
+        hint=HINT,
+    )
+    data = done.stdout.encode()
+    actual = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    if actual != digest:
+        raise IntegrityError(f"{ref}@{digest}: the registry served a manifest with digest {actual}")
+    doc: dict[str, Any] = json.loads(data)
+    return doc
+
+
+def pull(
+    store: Store, pin: ImageBaseLock, *, architecture: str = "amd64", tls_verify: bool = True
+) -> BaseImage:
+    """The image ``pin.ref@pin.digest`` (for ``linux/architecture`` when it is an index)."""
+    inputs = {"recipe": RECIPE, "digest": pin.digest, "architecture": architecture}
+    where = f"{pin.ref}@{pin.digest}"
+
+    def builder() -> Output:
+        digest = pin.digest
+        doc = _raw_manifest(pin.ref, digest, tls_verify)
+        if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+            wanted = [
+                m
+                for m in doc.get("manifests") or []
+                if (m.get("platform") or {}).get("os") == "linux"
+                and (m.get("platform") or {}).get("architecture") == architecture
+            ]
+            if not wanted:
+                raise ManifestError(f"{where} has no linux/{architecture} image")
+            digest = str(wanted[0]["digest"])
+        with store.temp_dir("pull-") as work:
+            folder = work / "image"
+            log.info("pulling %s", where)
+            proc.run(
+                [
+                    "skopeo",
+                    "copy",
+                    "--quiet",
+                    *_tls(tls_verify),
+                    f"docker://{pin.ref}@{digest}",
+                    f"dir:{folder}",
+                ],
+                tool="skopeo",
+                env=proc.child_env(),
+                hint=HINT,
+            )
+            data = (folder / "manifest.json").read_bytes()
+            if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+                raise IntegrityError(f"{where}: skopeo wrote a manifest that is not {digest}")
+            manifest = json.loads(data)
+            store.add_bytes(data, expected=digest)
+
+            def blob(d: str) -> Path:
+                return folder / digest_hex(d)
+
+            config_digest = str((manifest.get("config") or {}).get("digest", ""))
+            config_bytes = blob(config_digest).read_bytes()
+            store.add_bytes(config_bytes, expected=config_digest)
+            return import_image(store, manifest, json.loads(config_bytes), blob, where=where)
+
+    with store.session():
+        got = store.build("base-image", inputs, builder)
+    return base_from_output("image", got.drv.key, got.drv.meta, pin)

@@ -1,0 +1,56 @@
+"""`envbuild gc [--store DIR] [--dry-run] [--json]`: remove what no image or root refers to."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+from envbuild.store import Store, default_store
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "gc",
+        help="remove store blobs and derivations that no image or root refers to",
+        description="Remove every blob and derivation of the store that no root (an image "
+        "built into the store) keeps alive, and temporary files that killed builds left. "
+        "Waits until running builds on the store finish.",
+    )
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        help="the store (default: $ENVBUILD_STORE, else ~/.cache/envbuild/store)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def run(args: argparse.Namespace) -> int:
+    store = Store(args.store) if args.store else default_store()
+    result = store.gc(dry_run=args.dry_run)
+    if args.json:
+        render.emit_json({"store": str(store.root), **result.as_dict()})
+        return ExitCode.OK
+    verb = "would remove" if result.dry_run else "removed"
+    for digest in result.removed_blobs:
+        render.echo(f"{verb} blob {digest}")
+    for key in result.removed_derivations:
+        render.echo(f"{verb} derivation {key}")
+    render.echo(
+        f"{verb} {len(result.removed_blobs)} blobs ({_size(result.freed_bytes)}), "
+        f"{len(result.removed_derivations)} derivations, {result.removed_temp} temporary "
+        f"files; kept {result.kept_blobs} blobs for {result.roots} roots"
+    )
+    return ExitCode.OK

@@ -1,0 +1,36 @@
+"""`envbuild load DIR`: load a built image into a Docker engine (the docker SDK)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+from envbuild.image import DOCKER_ARCHIVE, load_into_engine
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "load",
+        help="load a built image into a Docker engine",
+        description=f"Load the image in DIR (the output folder of `envbuild build`, holding "
+        f"{DOCKER_ARCHIVE}, or that tar itself) into the Docker engine named by $DOCKER_HOST "
+        "(or --host, or the default socket), and print the loaded image's id and tags.",
+    )
+    p.add_argument("path", metavar="DIR", type=Path)
+    p.add_argument("--host", metavar="URL", help="the engine (default: $DOCKER_HOST)")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_into_engine(args.path, base_url=args.host)
+    if args.json:
+        render.emit_json(loaded.as_dict())
+    else:
+        for tag in loaded.tags:
+            render.echo(f"loaded {tag}")
+        render.echo(loaded.image_id)
+    return ExitCode.OK
