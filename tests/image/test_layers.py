@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from envbuild.layers import (
     Entry,
     Kind,
     LayerError,
+    header,
     layer_from_tree,
     open_uncompressed,
     whiteout,
@@ -170,3 +172,45 @@ def test_whiteouts_and_refusals(tmp_path):
     with pytest.raises(LayerError, match="fifo"):
         layer_from_tree(store, fifo)
     assert list(store.tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        Entry("a/b.py", Kind.FILE, 0o644, size=12345),
+        Entry("bin/run", Kind.FILE, 0o4755, uid=0, gid=50, size=0),
+        Entry("usr/lib", Kind.DIR, 0o755),
+        Entry("tmp", Kind.DIR, 0o1777, uid=0, gid=0),
+        Entry("bin/sh", Kind.SYMLINK, 0o777, linkname="dash"),
+        Entry("a/hard", Kind.HARDLINK, 0o644, linkname="a/b.py"),
+        Entry("caf\u00e9/\udcff-raw-byte", Kind.FILE, 0o600, uid=1000, gid=1000, size=1),
+        Entry("x" * 99, Kind.FILE, 0o644, size=1),
+        Entry("d" * 99, Kind.DIR, 0o755),  # 100 bytes with its slash: still fits
+        Entry("long/" + "y" * 150, Kind.FILE, 0o644, size=7),
+        Entry("l", Kind.SYMLINK, 0o777, linkname="t" * 200),
+        Entry("big", Kind.FILE, 0o644, size=9 * 1024**3),
+        Entry("uid", Kind.FILE, 0o644, uid=3_000_000, size=1),
+    ],
+    ids=lambda e: e.path[:20],
+)
+def test_fast_headers_are_what_tarfile_writes(entry):
+    for mtime in (0, 1_700_000_000):
+        info = tarfile.TarInfo(entry.path + ("/" if entry.kind is Kind.DIR else ""))
+        info.mtime, info.mode, info.uid, info.gid = mtime, entry.mode, entry.uid, entry.gid
+        info.uname = info.gname = ""
+        info.type = {
+            Kind.FILE: tarfile.REGTYPE,
+            Kind.DIR: tarfile.DIRTYPE,
+            Kind.SYMLINK: tarfile.SYMTYPE,
+            Kind.HARDLINK: tarfile.LNKTYPE,
+        }[entry.kind]
+        info.linkname = entry.linkname
+        info.size = entry.size if entry.kind is Kind.FILE else 0
+        assert header(entry, mtime) == info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+def test_progress_counts_every_packed_byte(tmp_path):
+    make_tree(tmp_path / "t", umask=0o022, order_seed=1, mtime=0)
+    seen: list[int] = []
+    layer = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", progress=seen.append)
+    assert sum(seen) == layer.file_bytes == sum(len(d) for d, _x in FILES.values())
