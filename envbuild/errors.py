@@ -204,3 +204,34 @@ class RegistryError(EnvironmentFailure):
     def __init__(self, message: str, *, hint: str | None = None, status: int | None = None) -> None:
         super().__init__(message, hint=hint)
         self.status = status
+
+
+class Busy(EnvironmentFailure):
+    """Another envbuild process holds the lock on what this one wants to change."""
+
+
+class ServiceFailed(EnvironmentFailure):
+    """A service did not start or did not become healthy. Carries its last log lines and what
+    was done to put the machine back as it was."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        log_tail: str = "",
+        restored: Sequence[str] = (),
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.log_tail = log_tail
+        self.restored = list(restored)
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        if self.log_tail.strip():
+            out.append("last log lines:")
+            out.extend("  " + line for line in self.log_tail.rstrip().splitlines())
+        out.extend(f"restored: {r}" for r in self.restored)
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
