@@ -1,0 +1,53 @@
+"""`envbuild verify MANIFEST`: check this machine against a snapshot; print only the drift."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.cli import render
+from envbuild.diff import render_text
+from envbuild.errors import ExitCode
+from envbuild.verify import verify
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "verify",
+        help="check this machine against a snapshot manifest (exit 1 on drift)",
+        description=(
+            "Take a snapshot of what MANIFEST recorded (its Python environments, services and "
+            "model cache, or the --python given) and print only what drifted. Exit 1 on drift."
+        ),
+    )
+    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="check this environment instead of the manifest's (repeatable)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="check sizes, and hash only files newer than their install",
+    )
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = verify(
+        Path(args.manifest), pythons=args.python, integrity="quick" if args.quick else "full"
+    )
+    if args.json:
+        render.emit_json(result.as_dict())
+    elif result.drift:
+        for line in render_text(result.diff, only_counted=True):
+            if not line.startswith("not compared:"):
+                render.echo(line)
+    else:
+        render.echo(f"no drift from {args.manifest}")
+    return ExitCode.DIFFERENT if result.drift else ExitCode.OK

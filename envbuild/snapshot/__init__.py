@@ -1,0 +1,98 @@
+"""The snapshot stage: what a machine (or an image) really is, as a versioned manifest.
+
+:func:`take_snapshot` asks each part (host, GPUs, Python environments, CUDA toolkits, Docker,
+systemd, the Hugging Face cache) and assembles a :class:`~envbuild.snapshot.model.Snapshot`. Each
+part reads only what its user can read and changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from envbuild import __version__
+from envbuild.snapshot import cuda, docker, gpu, hfcache, host, pyenv, refs, systemd
+from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
+from envbuild.snapshot.redact import Redactor
+
+log = logging.getLogger("envbuild.snapshot")
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Options",
+    "Snapshot",
+    "load_snapshot",
+    "parse_snapshot",
+    "take_snapshot",
+]
+
+
+@dataclass
+class Options:
+    pythons: list[str] = field(default_factory=list)
+    integrity: pyenv.Mode = "full"
+    spec: str | None = None
+    image: str | None = None
+    hf_cache: str | None = None  # None: huggingface_hub's default
+    services: str = systemd.DEFAULT_PATTERN
+    docker: bool = True
+    systemd: bool = True
+    models: bool = True
+    cuda: bool = True
+    nvml: gpu.Nvml | None = None  # None: the real NVML
+
+
+def store_path() -> str:
+    """The envbuild store's default place (the store module's own rule)."""
+    if os.environ.get("ENVBUILD_STORE"):
+        return os.environ["ENVBUILD_STORE"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "envbuild", "store")
+
+
+def _taken_at() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = (
+        dt.datetime.fromtimestamp(int(epoch), dt.UTC)
+        if epoch and epoch.isdigit()
+        else dt.datetime.now(dt.UTC)
+    )
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def take_snapshot(opts: Options) -> Snapshot:
+    redactor = Redactor()
+    spec = refs.spec_ref(opts.spec) if opts.spec else None
+    image = refs.image_ref(opts.image) if opts.image else None
+    envs = []
+    for python in opts.pythons:
+        log.info("checking %s (%s)", python, opts.integrity)
+        envs.append(pyenv.scan_env(python, opts.integrity))
+    hf_path = opts.hf_cache or hfcache.default_cache()
+    disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
+    if opts.models:
+        disks.append(("hf-cache", hf_path))
+    disks += [("venv", env.prefix) for env in envs]
+    log.info("reading host and GPUs")
+    snap = Snapshot(
+        generator=f"envbuild {__version__}",
+        taken_at=_taken_at(),
+        host=host.read_host(disks),
+        gpu=gpu.read_gpus(opts.nvml),
+        pythons=envs,
+        cuda_toolkits=cuda.read_toolkits() if opts.cuda else [],
+        docker=docker.read_docker(redactor) if opts.docker else None,
+        systemd=systemd.read_units(opts.services, redactor) if opts.systemd else None,
+        hf_cache=(
+            hfcache.read_cache(hf_path, check_blobs=opts.integrity == "full")
+            if opts.models
+            else None
+        ),
+        spec=spec,
+        image=image,
+        redacted=sorted(redactor.fields),
+    )
+    return snap

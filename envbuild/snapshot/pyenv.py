@@ -1,0 +1,369 @@
+"""A Python environment as it really is: its interpreter, every distribution, and every file
+checked against the RECORD its installer wrote.
+
+The interpreter is asked only where its site-packages are (``python -I``, a few lines); the
+distributions and their files are read here, so any Python (3.8 up) can be inspected without
+envbuild installed in it.
+
+Integrity, per distribution: *modified* (sha256 or size differs from RECORD), *missing*,
+*unrecorded* (a file inside a folder the distribution owns that no RECORD lists). Paths listed by
+two distributions are *overlaps*; the owner whose bytes are on disk is named. Compiled bytecode
+(``__pycache__``) is skipped: interpreters rewrite it at will.
+
+``full`` hashes every file; ``quick`` stats every file (missing, size) and hashes only those
+whose mtime is newer than their distribution's RECORD, i.e. written after the install.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Literal
+
+from packaging.utils import canonicalize_name
+
+from envbuild import proc
+from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
+from envbuild.fsio import sha256_file
+from envbuild.snapshot.hashing import FileHash, hash_files, stat_one
+from envbuild.snapshot.model import Distribution, ModifiedFile, Overlap, PythonEnv
+
+log = logging.getLogger("envbuild.snapshot.pyenv")
+
+Mode = Literal["full", "quick"]
+
+_PROBE = (
+    "import json, platform, sys, sysconfig\n"
+    "print(json.dumps({'version': platform.python_version(),"
+    " 'implementation': sys.implementation.name, 'executable': sys.executable,"
+    " 'prefix': sys.prefix,"
+    " 'site': sorted({sysconfig.get_path('purelib'), sysconfig.get_path('platlib')})}))\n"
+)
+
+
+class UnreadableFiles(UserError):
+    """Files of an environment that exist but cannot be read: the check cannot be complete."""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    requested: str
+    executable: str
+    prefix: str
+    version: str
+    implementation: str
+    site_packages: list[str]
+
+
+def probe(python: str) -> Interpreter:
+    """Ask ``python`` where it keeps its packages. A folder means its ``bin/python``."""
+    path = Path(python)
+    if path.is_dir():
+        path = path / "bin" / "python"
+    if not os.path.lexists(path):
+        raise InputFileError(python, "no such interpreter", hint="pass a python binary or a venv")
+    hint = "pass the path of a Python interpreter (or of a virtual environment)"
+    try:
+        done = proc.run(
+            [path, "-I", "-c", _PROBE], tool=str(python), env=proc.child_env(), timeout=60
+        )
+    except (ToolFailed, EnvironmentFailure) as exc:
+        raise InputFileError(python, f"is not a working Python ({exc.message})", hint=hint) from exc
+    except OSError as exc:
+        raise InputFileError(python, f"cannot run it: {exc.strerror or exc}", hint=hint) from exc
+    try:
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        return Interpreter(
+            requested=python,
+            executable=str(info["executable"]),
+            prefix=str(info["prefix"]),
+            version=str(info["version"]),
+            implementation=str(info["implementation"]),
+            site_packages=[str(p) for p in info["site"] if os.path.isdir(p)],
+        )
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise InputFileError(python, "is not a Python interpreter", hint=hint) from exc
+
+
+@dataclass
+class _Entry:
+    abs: str
+    shown: str
+    sha256: str | None  # urlsafe base64, as RECORD writes it
+    size: int | None
+
+
+@dataclass
+class _Dist:
+    name: str
+    version: str
+    installer: str | None
+    site: str
+    dist_info: str
+    record_sha256: str | None
+    record_mtime_ns: int
+    entries: list[_Entry] = field(default_factory=list)
+    size: int = 0
+    modified: list[ModifiedFile] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)
+
+
+def _skipped(rel: str) -> bool:
+    return "__pycache__" in rel.replace("\\", "/").split("/")
+
+
+def _b64_digest(value: str) -> str | None:
+    """RECORD's ``sha256=<urlsafe base64, no padding>``, as the base64 text (None: no sha256)."""
+    algo, _, digest = value.partition("=")
+    return digest.rstrip("=") or None if algo == "sha256" else None
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def _read_dist(site: str, dist_info: str) -> _Dist:
+    folder = os.path.join(site, dist_info)
+    headers = {}
+    for meta in ("METADATA", "PKG-INFO"):
+        try:
+            with open(os.path.join(folder, meta), encoding="utf-8", errors="replace") as f:
+                headers = dict(HeaderParser().parse(f, headersonly=True).items())
+            break
+        except OSError:
+            continue
+    stem = dist_info.removesuffix(".dist-info")
+    name_guess, _, version_guess = stem.partition("-")
+    name = canonicalize_name(headers.get("Name", name_guess))
+    version = headers.get("Version", version_guess) or "unknown"
+    try:
+        installer: str | None = Path(folder, "INSTALLER").read_text(errors="replace").strip()
+    except OSError:
+        installer = None
+    record = os.path.join(folder, "RECORD")
+    dist = _Dist(name, version, installer or None, site, dist_info, None, 0)
+    try:
+        raw = Path(record).read_bytes()
+        dist.record_mtime_ns = os.stat(record).st_mtime_ns
+    except OSError:
+        return dist
+    dist.record_sha256 = sha256_file(Path(record))
+    prefix = site + os.sep
+    for row in csv.reader(io.StringIO(raw.decode("utf-8", errors="replace"))):
+        if not row or not row[0]:
+            continue
+        rel = row[0]
+        if "__pycache__" in rel and _skipped(rel):
+            continue
+        if rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel:
+            abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
+            shown = os.path.relpath(abs_path, site)
+        else:
+            abs_path, shown = prefix + rel, rel
+        digest = _b64_digest(row[1]) if len(row) > 1 and row[1] else None
+        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
+        dist.entries.append(_Entry(abs_path, shown, digest, size))
+    return dist
+
+
+def _find_dists(sites: Iterable[str]) -> list[_Dist]:
+    out = []
+    for site in sites:
+        for name in sorted(os.listdir(site)):
+            if name.endswith(".dist-info") and os.path.isdir(os.path.join(site, name)):
+                out.append(_read_dist(site, name))
+    return out
+
+
+def _check_files(dists: list[_Dist], mode: Mode) -> dict[str, FileHash]:
+    """One look at each distinct recorded path: a hash (full), or a stat and a hash only for
+    what changed after its install (quick)."""
+    paths: dict[str, int] = {}
+    for dist in dists:
+        for e in dist.entries:
+            paths.setdefault(e.abs, e.size or 0)
+    if mode == "full":
+        return hash_files(paths.items())
+    seen = {p: stat_one(p) for p in paths}
+    newer: dict[str, int] = {}
+    for dist in dists:
+        for e in dist.entries:
+            fh = seen[e.abs]
+            if fh.error is None and e.sha256 is not None and fh.mtime_ns > dist.record_mtime_ns:
+                newer[e.abs] = fh.size
+    seen.update(hash_files(newer.items()))
+    return seen
+
+
+def _judge(dists: list[_Dist], results: dict[str, FileHash]) -> tuple[list[Overlap], list[str]]:
+    owners: dict[str, list[_Dist]] = defaultdict(list)
+    for dist in dists:
+        for e in dist.entries:
+            if not owners[e.abs] or owners[e.abs][-1] is not dist:
+                owners[e.abs].append(dist)
+    # A path two distributions list holds the bytes of one of them (the last installed): the
+    # others are not reported as modified, the overlap says which owner's bytes are on disk.
+    on_disk: dict[str, list[str]] = {}
+    for path, who in owners.items():
+        if len(who) > 1:
+            on_disk[path] = [] if results[path].error else _matches(path, who, results[path])
+    unreadable: list[str] = []
+    for dist in dists:
+        for e in dist.entries:
+            fh = results[e.abs]
+            if fh.error is not None:
+                if not fh.missing:
+                    unreadable.append(f"{e.abs} ({dist.name}): {fh.error}")
+                elif os.path.islink(e.abs):
+                    unreadable.append(f"{e.abs} ({dist.name}): broken symbolic link")
+                else:
+                    dist.missing.append(e.shown)
+                continue
+            dist.size += fh.size
+            if on_disk.get(e.abs) and dist.name not in on_disk[e.abs]:
+                continue
+            if fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
+                dist.modified.append(
+                    ModifiedFile(
+                        path=e.shown, reason="sha256", expected_size=e.size, actual_size=fh.size
+                    )
+                )
+            elif e.size is not None and fh.size != e.size:
+                dist.modified.append(
+                    ModifiedFile(
+                        path=e.shown, reason="size", expected_size=e.size, actual_size=fh.size
+                    )
+                )
+    overlaps = [
+        Overlap(
+            path=os.path.relpath(p, who[0].site),
+            owners=sorted(d.name for d in who),
+            matches=on_disk.get(p, []),
+        )
+        for p, who in owners.items()
+        if len(who) > 1
+    ]
+    return sorted(overlaps, key=lambda o: o.path), unreadable
+
+
+def _matches(path: str, who: list[_Dist], fh: FileHash) -> list[str]:
+    """The owners whose RECORD line the file on disk matches (by sha256, else by size)."""
+    lines = [(d.name, e) for d in who for e in d.entries if e.abs == path]
+    if fh.digest is not None:
+        actual = _b64(fh.digest)
+        matching = [name for name, e in lines if e.sha256 == actual]
+    else:
+        matching = [name for name, e in lines if e.size == fh.size]
+    return sorted(set(matching))
+
+
+def _unrecorded(dists: list[_Dist], sites: list[str]) -> list[str]:
+    """Walk site-packages; give each file no RECORD lists to the one distribution owning its
+    folder. Returns the files no single distribution owns."""
+    recorded: set[str] = set()
+    dir_owner: dict[str, set[str]] = defaultdict(set)
+    by_name = {d.name: d for d in dists}
+    for dist in dists:
+        recorded.add(os.path.join(dist.site, dist.dist_info, "RECORD"))
+        dir_owner[os.path.join(dist.site, dist.dist_info)].add(dist.name)
+        for e in dist.entries:
+            recorded.add(e.abs)
+            parent = os.path.dirname(e.abs)
+            while parent.startswith(dist.site + os.sep):
+                if dist.name in dir_owner[parent]:
+                    break
+                dir_owner[parent].add(dist.name)
+                parent = os.path.dirname(parent)
+    unowned: list[str] = []
+    for site in sites:
+        for top, dirs, files in os.walk(site):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                path = os.path.join(top, name)
+                if path in recorded:
+                    continue
+                shown = os.path.relpath(path, site)
+                owner = _owner_of(path, site, dir_owner)
+                if owner is None:
+                    unowned.append(shown)
+                else:
+                    by_name[owner].unrecorded.append(shown)
+    return sorted(unowned)
+
+
+def _owner_of(path: str, site: str, dir_owner: dict[str, set[str]]) -> str | None:
+    parent = os.path.dirname(path)
+    while parent.startswith(site + os.sep):
+        who = dir_owner.get(parent)
+        if who:
+            return next(iter(who)) if len(who) == 1 else None
+        parent = os.path.dirname(parent)
+    return None
+
+
+def scan_env(python: str, mode: Mode = "full") -> PythonEnv:
+    interp = probe(python)
+    return scan_site_packages(interp, mode)
+
+
+def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
+    start = time.perf_counter()
+    dists = _find_dists(interp.site_packages)
+    results = _check_files(dists, mode)
+    overlaps, unreadable = _judge(dists, results)
+    if unreadable:
+        shown = "; ".join(unreadable[:3]) + (
+            f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""
+        )
+        raise UnreadableFiles(
+            f"{interp.requested}: cannot check every file: {shown}",
+            hint="run as a user who can read the whole environment, or repair those files",
+        )
+    unowned = _unrecorded(dists, interp.site_packages)
+    checked = sum(len(d.entries) for d in dists)
+    log.info(
+        "%s: %d distributions, %d files checked (%s) in %.2f s",
+        interp.requested,
+        len(dists),
+        checked,
+        mode,
+        time.perf_counter() - start,
+    )
+    return PythonEnv(
+        requested=interp.requested,
+        executable=interp.executable,
+        prefix=interp.prefix,
+        version=interp.version,
+        implementation=interp.implementation,
+        site_packages=interp.site_packages,
+        integrity=mode,
+        distributions=sorted((_to_model(d) for d in dists), key=lambda d: (d.name, d.version)),
+        overlaps=overlaps,
+        unowned=unowned,
+    )
+
+
+def _to_model(d: _Dist) -> Distribution:
+    return Distribution(
+        name=d.name,
+        version=d.version,
+        installer=d.installer,
+        dist_info=d.dist_info,
+        record_sha256=d.record_sha256,
+        files=len(d.entries),
+        size_bytes=d.size,
+        modified=sorted(d.modified, key=lambda m: m.path),
+        missing=sorted(d.missing),
+        unrecorded=sorted(d.unrecorded),
+    )
