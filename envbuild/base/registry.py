@@ -27,20 +27,26 @@ from envbuild.store import Output, Store, digest_hex
 log = logging.getLogger("envbuild.base")
 
 RECIPE = 1
-HINT = "install it (Debian: apt-get install skopeo)"
+HINT = "check that the registry answers and holds that digest (skopeo: apt-get install skopeo)"
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 )
 
 
-def _tls(tls_verify: bool) -> list[str]:
-    return [] if tls_verify else ["--src-tls-verify=false"]
+def _tls(tls_verify: bool, flag: str = "--src-tls-verify") -> list[str]:
+    return [] if tls_verify else [f"{flag}=false"]
 
 
 def _raw_manifest(ref: str, digest: str, tls_verify: bool) -> dict[str, Any]:
     done = proc.run(
-        ["skopeo", "inspect", "--raw", *_tls(tls_verify), f"docker://{ref}@{digest}"],
+        [
+            "skopeo",
+            "inspect",
+            "--raw",
+            *_tls(tls_verify, "--tls-verify"),
+            f"docker://{ref}@{digest}",
+        ],
         tool="skopeo",
         env=proc.child_env(),
         hint=HINT,

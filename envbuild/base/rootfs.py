@@ -75,6 +75,7 @@ class Scan:
 def scan_layer(path: Path, media_type: str, *, where: str) -> Scan:
     """Read a layer blob through: its diff_id and summary, every member checked for safety."""
     entries = files = file_bytes = 0
+    links: dict[str, str] = {}
     with open_uncompressed(path, media_type) as raw:
         reader = _HashingReader(raw)
         with tarfile.open(fileobj=reader, mode="r|") as tf:  # type: ignore[call-overload]
@@ -82,7 +83,8 @@ def scan_layer(path: Path, media_type: str, *, where: str) -> Scan:
                 name = member_path(m.name, where=where)
                 entries += 1
                 if m.issym():
-                    check_symlink(name, m.linkname, where=where)
+                    links[name] = m.linkname
+                    check_symlink(name, m.linkname, where=where, readlink=links.get)
                 elif m.islnk():
                     member_path(m.linkname, where=where)
                 elif (m.ischr() or m.isblk() or m.isfifo()) and not name.startswith("dev/"):

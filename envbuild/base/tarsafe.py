@@ -50,22 +50,43 @@ def member_path(name: str, *, where: str) -> str:
     return "/".join(parts)
 
 
-def check_symlink(path: str, target: str, *, where: str) -> None:
-    """Refuse a relative symlink target that resolves outside the root."""
+def check_symlink(
+    path: str, target: str, *, where: str, readlink: Callable[[str], str | None] | None = None
+) -> None:
+    """Refuse a relative symlink target that climbs out of the root, following the symlinks
+    ``readlink`` knows of on the way (``d/up -> ..`` then ``x -> d/up/../..`` climbs out).
+    An absolute target names a path of the image and is allowed (never followed here)."""
     if not target:
         raise UnsafeArchive(where, f"symlink {path!r} has an empty target")
     if target.startswith("/"):
         return
-    depth = 0
-    for part in posixpath.join(posixpath.dirname(path), target).split("/"):
+    if _climbs_out(posixpath.dirname(path), target, readlink or (lambda _p: None)):
+        raise UnsafeArchive(where, f"symlink {path!r} -> {target!r} points outside the root")
+
+
+def _climbs_out(start: str, target: str, readlink: Callable[[str], str | None]) -> bool:
+    resolved = [p for p in start.split("/") if p]
+    queue = [p for p in target.split("/") if p not in ("", ".")]
+    hops = 0
+    while queue:
+        part = queue.pop(0)
         if part == "..":
-            depth -= 1
-            if depth < 0:
-                raise UnsafeArchive(
-                    where, f"symlink {path!r} -> {target!r} points outside the root"
-                )
-        elif part not in ("", "."):
-            depth += 1
+            if not resolved:
+                return True
+            resolved.pop()
+            continue
+        resolved.append(part)
+        link = readlink("/".join(resolved))
+        if link is None:
+            continue
+        hops += 1
+        if hops > 40:
+            return True  # a loop; refuse rather than guess
+        resolved.pop()
+        if link.startswith("/"):
+            resolved = []
+        queue = [p for p in link.split("/") if p not in ("", ".")] + queue
+    return False
 
 
 def _is_device(m: tarfile.TarInfo) -> bool:
@@ -92,8 +113,8 @@ def tar_entries(tf: tarfile.TarFile, *, where: str) -> list[Entry]:
         if m.isdir():
             entries[path] = Entry(path, Kind.DIR, mode, uid, gid)
         elif m.issym():
-            check_symlink(path, m.linkname, where=where)
             entries[path] = Entry(path, Kind.SYMLINK, mode, uid, gid, linkname=m.linkname)
+            check_symlink(path, m.linkname, where=where, readlink=_known_link(entries))
         elif m.islnk():
             target = member_path(m.linkname, where=where)
             found = entries.get(target)
@@ -109,6 +130,22 @@ def tar_entries(tf: tarfile.TarFile, *, where: str) -> list[Entry]:
         else:
             raise UnsafeArchive(where, f"member {m.name!r} has an unsupported type {m.type!r}")
     return list(entries.values())
+
+
+def _known_link(entries: dict[str, Entry]) -> Callable[[str], str | None]:
+    def readlink(path: str) -> str | None:
+        found = entries.get(path)
+        return found.linkname if found is not None and found.kind is Kind.SYMLINK else None
+
+    return readlink
+
+
+def _disk_link(root: str) -> Callable[[str], str | None]:
+    def readlink(path: str) -> str | None:
+        full = os.path.join(root, path)
+        return os.readlink(full) if os.path.islink(full) else None
+
+    return readlink
 
 
 def _check_parents(path: str, entries: dict[str, Entry], *, where: str) -> None:
@@ -162,9 +199,13 @@ def safe_extract(stream: IO[bytes], target: Path, *, where: str) -> int:
                     os.mkdir(dest, 0o700)
                 os.chmod(dest, m.mode & 0o7777)
             elif m.issym():
-                check_symlink(path, m.linkname, where=where)
                 _remove(dest)
                 os.symlink(m.linkname, dest)
+                try:
+                    check_symlink(path, m.linkname, where=where, readlink=_disk_link(root))
+                except UnsafeArchive:
+                    os.unlink(dest)
+                    raise
             elif m.islnk():
                 src = _safe_dest(root, member_path(m.linkname, where=where), where=where)
                 st = os.lstat(src) if os.path.lexists(src) else None

@@ -241,3 +241,33 @@ def test_gc_command_reports_and_removes(tmp_path, cli):
     assert f"removed blob {garbage}" in done.stdout
     assert "removed 1 blobs (7 B)" in done.stdout
     assert not store.has_blob(garbage) and store.has_blob(kept)
+
+
+SAME_BLOB = textwrap.dedent(
+    """
+    import sys
+    from envbuild.store import Store
+    store = Store(sys.argv[1])
+    data = bytes(range(256)) * 20000
+    for i in range(20):
+        assert store.add_bytes(data) == store.add_bytes(data)
+        store.add_bytes(f"{sys.argv[2]}-{i}".encode())
+    print("done")
+    """
+)
+
+
+def test_concurrent_writers_of_the_same_blobs(tmp_path):
+    store = Store(tmp_path / "store")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SAME_BLOB, str(store.root), str(n)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(3)
+    ]
+    assert [p.communicate(timeout=120)[0].strip() for p in procs] == ["done"] * 3
+    assert blob_names_match_content(store)
+    assert len(list(store.blobs.iterdir())) == 1 + 3 * 20
+    assert list(store.tmp.iterdir()) == []
