@@ -166,9 +166,7 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
     if snap.docker is not None:
         side.group("containers", "containers")
         if not snap.docker.available:
-            side.put(
-                "containers", "containers", "engine", Fact(f"not available ({snap.docker.reason})")
-            )
+            side.put("containers", "containers", "engine", Fact("not available"))
         for c in snap.docker.containers:
             digest = ", ".join(c.repo_digests) or c.image_id
             side.put("containers", "containers", c.name, Fact(f"{c.image} ({digest}), {c.status}"))
@@ -177,7 +175,7 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
         side.group(key, f"services ({snap.systemd.pattern})")
         title = f"services ({snap.systemd.pattern})"
         if not snap.systemd.available:
-            side.put(key, title, "systemd", Fact(f"not available ({snap.systemd.reason})"))
+            side.put(key, title, "systemd", Fact("not available"))
         for u in snap.systemd.units:
             side.put(
                 key, title, u.unit, Fact(f"{u.active_state}/{u.sub_state}, {u.unit_file_state}")
@@ -396,6 +394,7 @@ def compare(a: Side, b: Side) -> DiffResult:
                 delta = ((fb.size or 0) if fb else 0) - ((fa.size or 0) if fa else 0)
             group.changes.append(Change(subject, before, after, delta or None))
         result.groups.append(group)
+    result.groups.sort(key=lambda g: _group_order(g.key))
     return result
 
 
@@ -403,6 +402,7 @@ _ORDER = (
     "host",
     "gpu",
     "cuda",
+    "environments",
     "packages",
     "files",
     "overlaps",

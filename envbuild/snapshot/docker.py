@@ -7,6 +7,7 @@ Container environments and registry credentials are never read.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from envbuild.snapshot.model import Container, DockerSection
@@ -21,9 +22,12 @@ def read_docker(redactor: Redactor, client: Any = None) -> DockerSection:
         from docker.errors import DockerException  # type: ignore[import-untyped]
     except ImportError as exc:
         return DockerSection(available=False, reason=f"the docker SDK is not installed ({exc})")
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if client is None and host.startswith("unix://") and not os.path.exists(host[7:]):
+        return DockerSection(available=False, reason=f"no Docker engine: no socket at {host[7:]}")
     try:
         if client is None:
-            client = docker.from_env(timeout=10)
+            client = docker.from_env(timeout=10, version="1.41")
         version = client.version()
         containers = []
         for c in client.containers.list():

@@ -120,8 +120,10 @@ def hash_files(
     *,
     workers: int | None = None,
     hasher: Callable[[str], FileHash] | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> dict[str, FileHash]:
-    """sha256 of each ``(path, expected_size)``; the size only orders the work."""
+    """sha256 of each ``(path, expected_size)``; the size only orders the work. ``meanwhile``
+    runs in this process while the workers hash (other work that needs no hash)."""
     listed = list(items)
     batches = _batches(listed)
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
@@ -129,11 +131,17 @@ def hash_files(
     if hasher is not None:
         one = hasher
         with ThreadPoolExecutor(max_workers=workers) as threads:
-            for done in threads.map(lambda b: [one(p) for p in b], batches):
+            pending = threads.map(lambda b: [one(p) for p in b], batches)
+            if meanwhile is not None:
+                meanwhile()
+            for done in pending:
                 results.update((fh.path, fh) for fh in done)
         return results
     with _executor(workers, sum(size for _, size in listed)) as pool:
-        for done in pool.map(_hash_batch, batches):
+        pending = pool.map(_hash_batch, batches)  # submits everything now
+        if meanwhile is not None:
+            meanwhile()
+        for done in pending:
             results.update((fh.path, fh) for fh in done)
     return results
 

@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -186,15 +186,18 @@ def _find_dists(sites: Iterable[str]) -> list[_Dist]:
     return out
 
 
-def _check_files(dists: list[_Dist], mode: Mode) -> dict[str, FileHash]:
+def _check_files(
+    dists: list[_Dist], mode: Mode, meanwhile: Callable[[], object]
+) -> dict[str, FileHash]:
     """One look at each distinct recorded path: a hash (full), or a stat and a hash only for
-    what changed after its install (quick)."""
+    what changed after its install (quick). ``meanwhile`` runs while the hashes are made."""
     paths: dict[str, int] = {}
     for dist in dists:
         for e in dist.entries:
             paths.setdefault(e.abs, e.size or 0)
     if mode == "full":
-        return hash_files(paths.items())
+        return hash_files(paths.items(), meanwhile=meanwhile)
+    meanwhile()
     seen = {p: stat_one(p) for p in paths}
     newer: dict[str, int] = {}
     for dist in dists:
@@ -320,7 +323,12 @@ def scan_env(python: str, mode: Mode = "full") -> PythonEnv:
 def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     start = time.perf_counter()
     dists = _find_dists(interp.site_packages)
-    results = _check_files(dists, mode)
+    unowned: list[str] = []
+    read = time.perf_counter()
+    results = _check_files(
+        dists, mode, meanwhile=lambda: unowned.extend(_unrecorded(dists, interp.site_packages))
+    )
+    checked_at = time.perf_counter()
     overlaps, unreadable = _judge(dists, results)
     if unreadable:
         shown = "; ".join(unreadable[:3]) + (
@@ -330,8 +338,11 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
             f"{interp.requested}: cannot check every file: {shown}",
             hint="run as a user who can read the whole environment, or repair those files",
         )
-    unowned = _unrecorded(dists, interp.site_packages)
     checked = sum(len(d.entries) for d in dists)
+    log.debug(
+        "read RECORDs %.2f s, hashed and walked %.2f s, judged %.2f s",
+        read - start, checked_at - read, time.perf_counter() - checked_at,
+    )  # fmt: skip
     log.info(
         "%s: %d distributions, %d files checked (%s) in %.2f s",
         interp.requested,
