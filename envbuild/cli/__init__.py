@@ -31,6 +31,10 @@ COMMANDS: tuple[str, ...] = (
     "store",
     "load",
     "gc",
+    "apply",
+    "generations",
+    "rollback",
+    "render-host",
 )
 
 EXIT_CODES_HELP = """\

@@ -1,0 +1,217 @@
+"""``envbuild apply``: preflight, realise the generation, fetch the model, switch, record.
+
+One function, :func:`apply`, runs the stages in order under the state lock and returns an
+:class:`ApplyOutcome`. Nothing on the machine changes before preflight passes; nothing the
+running service uses changes before the new generation and the model are complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from envbuild.apply import generations as gens
+from envbuild.apply import unit as units
+from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
+from envbuild.apply.host import Host
+from envbuild.apply.inputs import ApplyInput
+from envbuild.apply.integrity import check_generation
+from envbuild.apply.modelcache import ModelResult
+from envbuild.apply.modelcache import fetch as fetch_model
+from envbuild.apply.paths import Paths
+from envbuild.apply.preflight import PreflightInput, PreflightReport, run_preflight
+from envbuild.apply.record import write_snapshot
+from envbuild.apply.statelock import state_lock
+from envbuild.apply.switch import SwitchResult, switch
+from envbuild.apply.venv import python_available
+from envbuild.apply.wheels import wanted
+from envbuild.errors import EnvbuildError, EnvironmentFailure
+
+log = logging.getLogger("envbuild.apply")
+
+
+@dataclass(frozen=True)
+class Options:
+    agreed: bool = False  # --yes: stopping running units is fine
+    dry_run: bool = False
+    wait: float = 0.0  # seconds to wait for another apply
+    health_timeout: float = 1800.0
+
+
+@dataclass
+class ApplyOutcome:
+    spec: str
+    origin: str
+    preflight: PreflightReport
+    generation: int | None = None
+    generation_path: str | None = None
+    reused: bool = False
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+    model: ModelResult | None = None
+    switch: SwitchResult | None = None
+    up_to_date: bool = False
+    snapshot: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return self.preflight.exit_code
+
+    def as_dict(self) -> dict[str, Any]:
+        model = None
+        if self.model is not None:
+            model = {
+                "repo": self.model.repo,
+                "revision": self.model.revision,
+                "path": str(self.model.path),
+                "files": self.model.files,
+                "size_bytes": self.model.size_bytes,
+                "fetched": self.model.fetched,
+                "verified": self.model.verified,
+            }
+        return {
+            "spec": self.spec,
+            "origin": self.origin,
+            "preflight": self.preflight.as_dict(),
+            "generation": self.generation,
+            "generation_path": self.generation_path,
+            "reused": self.reused,
+            "rejected": self.rejected,
+            "model": model,
+            "switch": self.switch.as_dict() if self.switch else None,
+            "up_to_date": self.up_to_date,
+            "snapshot": self.snapshot,
+        }
+
+
+def _envbuild_units(host: Host) -> set[str]:
+    return {g.meta.unit for g in gens.list_generations(host.paths) if g.meta.unit}
+
+
+def apply(
+    inp: ApplyInput,
+    host: Host,
+    options: Options,
+    *,
+    on_preflight: Callable[[PreflightReport], None] | None = None,
+) -> ApplyOutcome:
+    """Make ``inp`` the machine's current environment and service."""
+    paths, services = host.paths, host.services
+    # A dry run changes nothing, not even the lock file or a killed apply's leftovers.
+    guard: AbstractContextManager[None] = (
+        nullcontext() if options.dry_run else state_lock(paths, wait=options.wait)
+    )
+    with guard:
+        if not options.dry_run:
+            gens.remove_leftovers(paths)
+        spec = inp.spec
+        unit = units.unit_name(spec.name) if spec.serve is not None else None
+        current = gens.current(paths)
+        running = sorted(
+            u for u in _envbuild_units(host) if services.available and services.is_running(u)
+        )
+        # Does a generation with these inputs exist and still verify? (Without store wheels
+        # its content hash is known before anything is built.) If it is the current one and
+        # its unit runs, nothing will stop.
+        found = _reusable(paths, inp)
+        keep: frozenset[str] = frozenset()
+        if (
+            found is not None
+            and found.generation is not None
+            and current is not None
+            and found.generation.number == current.number
+            and unit in running
+        ):
+            keep = frozenset({unit})
+        store_missing = host.wheels.missing(inp)
+        report = run_preflight(
+            host.probe,
+            paths,
+            PreflightInput(
+                spec=spec,
+                unit=unit,
+                keep_units=keep,
+                running_units=running,
+                builds_missing=store_missing,
+                secrets_missing=[n for n in units.secret_names(spec) if n not in os.environ],
+                python=python_available(spec.python.version),
+                agreed=options.agreed,
+                can_start=services.available,
+                services_note=getattr(services, "reason", ""),
+                rejected=[(c.number, c.problems) for c in (found.rejected if found else [])],
+            ),
+        )
+        outcome = ApplyOutcome(spec.name, inp.origin, report)
+        if on_preflight is not None:
+            on_preflight(report)
+        if not report.ok or options.dry_run:
+            return outcome
+
+        if found is not None and found.generation is not None:
+            realised = Realised(found.generation, True, found.rejected)
+        else:
+            realised = realise(paths, inp, host.wheels.provide(inp), found=found)
+        _record_build(outcome, realised)
+        if spec.model is not None:
+            outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
+        target = realised.generation
+        if (
+            current is not None
+            and current.number == target.number
+            and (unit is None or unit in running)
+        ):
+            outcome.up_to_date = True
+            log.info(
+                "generation %d is already current and running: nothing to switch", target.number
+            )
+        else:
+            stop = set(report.stop_units)
+            if current is not None and current.meta.unit in running:
+                if current.meta.unit not in stop and not options.agreed:
+                    raise EnvironmentFailure(
+                        f"generation {current.number} must be replaced, which restarts "
+                        f"{current.meta.unit}",
+                        hint="rerun with --yes to agree",
+                    )
+                stop.add(current.meta.unit)
+            outcome.switch = switch(
+                paths,
+                services,
+                target,
+                stop_units=sorted(stop),
+                env_text=units.render_env_file(spec, os.environ) if unit else None,
+                health_timeout=options.health_timeout,
+            )
+        try:
+            outcome.snapshot = write_snapshot(host, target, inp)
+        except EnvbuildError as exc:  # the machine is switched; a missing record is no failure
+            log.warning(
+                "the snapshot beside generation %d was not written: %s", target.number, exc.message
+            )
+        return outcome
+
+
+def _reusable(paths: Paths, inp: ApplyInput) -> Found | None:
+    """A generation that already holds ``inp`` and still verifies, when that can be known before
+    building anything: the generation a snapshot was found in, or one with the same content hash
+    (which needs no store wheels to compute)."""
+    if inp.generation is not None:
+        check = check_generation(inp.generation)
+        return Found(
+            inp.generation.meta.content_hash,
+            inp.generation if check.ok else None,
+            [] if check.ok else [check],
+        )
+    if wanted(inp):
+        return None
+    return find_reusable(paths, generation_hash(paths, inp, {}))
+
+
+def _record_build(outcome: ApplyOutcome, realised: Realised) -> None:
+    outcome.generation = realised.generation.number
+    outcome.generation_path = str(realised.generation.path)
+    outcome.reused = realised.reused
+    outcome.rejected = [c.as_dict() for c in realised.rejected]

@@ -1,0 +1,44 @@
+"""``envbuild render host-setup``: a shell script that installs the driver and CUDA toolkit a
+spec pins, from NVIDIA's apt repository. Rendered for the people who provision machines; envbuild
+never runs it."""
+
+from __future__ import annotations
+
+import jinja2
+
+from envbuild.errors import UserError
+from envbuild.spec.load import LoadedSpec
+
+#: The open kernel modules: required on Blackwell and Grace Hopper, recommended from Turing on.
+DRIVER_PACKAGE = "nvidia-open"
+
+
+def toolkit_package(version: str) -> str:
+    """``13.1`` or ``13.1.1`` -> ``cuda-toolkit-13-1`` (NVIDIA's apt package)."""
+    major, minor = version.split(".")[:2]
+    return f"cuda-toolkit-{major}-{minor}"
+
+
+def render_host_setup(loaded: LoadedSpec) -> str:
+    spec = loaded.spec
+    if spec.host is None:
+        raise UserError(
+            f"{loaded.display(loaded.path)}: the spec has no [host] table, so no driver to install",
+            hint='add [host] with driver = "590.48.01" and its [[host.gpus]]',
+        )
+    cuda = spec.cuda.version if spec.cuda else None
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("envbuild", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    return env.get_template("host-setup.sh.j2").render(
+        spec_file=loaded.display(loaded.path),
+        spec_name=spec.name,
+        spec_hash=loaded.spec_hash(),
+        driver=spec.host.driver,
+        driver_package=DRIVER_PACKAGE,
+        cuda=cuda or "",
+        toolkit_package=toolkit_package(cuda) if cuda else "",
+    )

@@ -1,0 +1,83 @@
+"""Is a generation still what was built? Its own files against the digests in
+``generation.json``, and every file of its venv against the RECORD its installer wrote (the
+snapshot stage's :func:`~envbuild.snapshot.pyenv.scan_env`), plus the exact set of distributions.
+
+This is what catches a hand-patched venv (the stale-patch case): such a generation is reported
+and never reused.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbuild.apply.generations import Generation
+from envbuild.errors import EnvbuildError
+from envbuild.fsio import sha256_file
+from envbuild.snapshot import pyenv
+
+log = logging.getLogger("envbuild.apply.integrity")
+
+
+@dataclass(frozen=True)
+class GenerationCheck:
+    number: int
+    name: str
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "name": self.name, "ok": self.ok, "problems": self.problems}
+
+
+def _sha256_in(sites: list[str], rel: str) -> str | None:
+    for site in sites:
+        path = Path(site) / rel
+        if path.is_file():
+            return sha256_file(path)
+    return None
+
+
+def check_generation(gen: Generation, mode: pyenv.Mode = "full") -> GenerationCheck:
+    problems: list[str] = []
+    for rel, digest in sorted(gen.meta.files.items()):
+        path = gen.path / rel
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            problems.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if actual != digest:
+            problems.append(f"{rel} was modified")
+    python = gen.venv / "bin" / "python"
+    try:
+        env = pyenv.scan_env(str(python), mode)
+    except EnvbuildError as exc:
+        problems.append(f"venv: {exc.message}")
+        return GenerationCheck(gen.number, gen.name, problems)
+    have = {d.name: d.version for d in env.distributions}
+    for name, version in sorted(gen.meta.packages.items()):
+        if name not in have:
+            problems.append(f"venv: {name} {version} is gone")
+        elif have[name] != version:
+            problems.append(f"venv: {name} is {have[name]}, was {version}")
+    for name in sorted(set(have) - set(gen.meta.packages)):
+        problems.append(f"venv: {name} {have[name]} was installed after the build")
+    known = gen.meta.record_exceptions
+    for dist in env.distributions:
+        for m in dist.modified:
+            key = f"{dist.name}/{m.path}"
+            if key in known and _sha256_in(env.site_packages, m.path) == known[key]:
+                continue  # as installed: the wheel was published with this RECORD mismatch
+            problems.append(f"venv: {dist.name}: {m.path} was modified")
+        problems.extend(f"venv: {dist.name}: {p} is missing" for p in dist.missing)
+        problems.extend(f"venv: {dist.name}: {p} was added" for p in dist.unrecorded)
+    problems.extend(f"venv: {p} belongs to no distribution" for p in env.unowned)
+    if problems:
+        log.warning("generation %d was changed after it was built: %s", gen.number, problems[0])
+    return GenerationCheck(gen.number, gen.name, problems)

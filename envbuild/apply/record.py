@@ -1,0 +1,51 @@
+"""The snapshot of the result, written beside the generation it describes
+(``generations/<n>-<hash>.snapshot.json``), through the snapshot stage."""
+
+from __future__ import annotations
+
+import logging
+
+from envbuild.apply.generations import Generation
+from envbuild.apply.host import Host
+from envbuild.apply.inputs import ApplyInput
+from envbuild.apply.probe import SystemProbe
+from envbuild.apply.services import Systemctl
+from envbuild.fsio import canonical_json, write_atomic
+from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.model import SpecRef
+
+log = logging.getLogger("envbuild.apply.record")
+
+#: The units a snapshot records: envbuild's own and any other vLLM unit.
+UNITS = "envbuild-*"
+
+
+def write_snapshot(host: Host, gen: Generation, inp: ApplyInput) -> str:
+    probe = host.probe
+    snap = take_snapshot(
+        Options(
+            pythons=[str(gen.venv / "bin" / "python")],
+            # Every file was hashed when the generation was built or reused; now sizes suffice.
+            integrity="quick",
+            hf_cache=str(host.paths.hf_hub_cache),
+            services=UNITS,
+            docker=False,
+            systemd=isinstance(host.services, Systemctl),
+            nvml=probe.nvml if isinstance(probe, SystemProbe) else None,
+        )
+    )
+    snap = snap.model_copy(
+        update={
+            "spec": SpecRef(
+                name=inp.name,
+                path=inp.spec_path,
+                spec_hash=inp.spec_hash,
+                lock_path=inp.lock_path,
+                lock_sha256=inp.lock_sha256,
+            )
+        }
+    )
+    path = gen.snapshot_file
+    write_atomic(path, canonical_json(snap.model_dump(mode="json")))
+    log.info("wrote %s", path)
+    return str(path)

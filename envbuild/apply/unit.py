@@ -1,0 +1,190 @@
+"""The systemd unit that serves the model with vLLM, rendered from the spec's ``[serve]``.
+
+Secrets (``[serve.env]`` values that reference the caller's environment as ``${NAME}``) never
+enter the unit: they go to an EnvironmentFile of mode 0600 the unit names. Everything else is an
+``Environment=`` line. Every value is quoted the way systemd reads it back (``%`` specifiers and
+``$`` expansions escaped), so what the spec says is what vLLM gets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from envbuild.errors import EnvironmentFailure, UserError
+from envbuild.spec.model import SECRET_REF, Spec
+
+_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+
+
+def unit_name(spec_name: str) -> str:
+    return f"envbuild-{spec_name}.service"
+
+
+def _quote(value: str, *, dollar: bool) -> str:
+    text = value.replace("%", "%%")
+    if dollar:
+        text = text.replace("$", "$$")
+    if _SAFE.fullmatch(value):
+        return text
+    return '"' + "".join(_ESCAPES.get(c, c) for c in text) + '"'
+
+
+def quote_arg(value: str) -> str:
+    """One ExecStart argument as systemd parses it back."""
+    return _quote(value, dollar=True)
+
+
+def quote_env(assignment: str) -> str:
+    """One ``Environment=`` assignment (``KEY=value``)."""
+    return _quote(assignment, dollar=False)
+
+
+def quote_path(path: object) -> str:
+    text = str(path)
+    if not _SAFE.fullmatch(text):
+        raise UserError(
+            f"{text}: systemd cannot take this path unquoted (spaces or special characters)",
+            hint="use a --root and state dir whose paths have no spaces",
+        )
+    return text.replace("%", "%%")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("envbuild", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["unit_argv"] = lambda argv: " ".join(quote_arg(str(a)) for a in argv)
+    env.filters["unit_env"] = quote_env
+    env.filters["unit_path"] = quote_path
+    return env
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the unit needs besides the spec: where things are on the target machine."""
+
+    generation: int
+    generation_path: Path
+    venv: Path
+    hf_home: Path
+    env_file: Path
+
+
+def split_env(spec: Spec) -> tuple[dict[str, str], dict[str, str]]:
+    """``[serve.env]`` as (plain values, secret templates that reference ``${NAME}``)."""
+    plain: dict[str, str] = {}
+    secret: dict[str, str] = {}
+    for key, value in (spec.serve.env if spec.serve else {}).items():
+        (secret if SECRET_REF.search(value) else plain)[key] = value
+    return plain, secret
+
+
+def secret_names(spec: Spec) -> list[str]:
+    """The caller's environment variables the unit's secrets are read from."""
+    _plain, secret = split_env(spec)
+    return sorted({m.group(1) for v in secret.values() for m in SECRET_REF.finditer(v)})
+
+
+def exec_start(spec: Spec, venv: Path) -> list[str]:
+    serve, model = spec.serve, spec.model
+    if serve is None or model is None:
+        raise UserError(f"spec {spec.name}: [serve] needs a [model] to serve")
+    argv = [
+        str(venv / "bin" / "vllm"),
+        "serve",
+        model.repo,
+        # Every revision vLLM might look up is pinned, so it reads the fetched snapshot and
+        # never asks for a branch that is not in the cache.
+        "--revision",
+        model.revision,
+        "--tokenizer-revision",
+        model.revision,
+        "--code-revision",
+        model.revision,
+        "--tensor-parallel-size",
+        str(serve.tensor_parallel_size),
+    ]
+    if serve.pipeline_parallel_size != 1:
+        argv += ["--pipeline-parallel-size", str(serve.pipeline_parallel_size)]
+    if serve.max_model_len is not None:
+        argv += ["--max-model-len", str(serve.max_model_len)]
+    argv += [
+        "--kv-cache-dtype",
+        serve.kv_cache_dtype,
+        "--gpu-memory-utilization",
+        f"{serve.gpu_memory_utilization:g}",
+    ]
+    if serve.served_model_name:
+        argv += ["--served-model-name", serve.served_model_name]
+    argv += ["--host", serve.host, "--port", str(serve.port), *serve.extra_args]
+    return argv
+
+
+def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
+    """The unit file's text."""
+    plain, _secret = split_env(spec)
+    environment = {
+        "HF_HOME": str(settings.hf_home),
+        # The model was fetched by apply; serving never reaches the hub unless the spec says so.
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **plain,
+    }
+    assert spec.model is not None  # exec_start checks it
+    return (
+        _env()
+        .get_template("vllm.service.j2")
+        .render(
+            spec_name=spec.name,
+            spec_hash=spec_hash,
+            generation=settings.generation,
+            generation_path=settings.generation_path,
+            model_repo=spec.model.repo if spec.model else "",
+            environment=sorted(environment.items()),
+            env_file=settings.env_file,
+            exec_start=exec_start(spec, settings.venv),
+        )
+    )
+
+
+def render_env_file(spec: Spec, environ: Mapping[str, str]) -> str:
+    """The EnvironmentFile's text: each secret with ``${NAME}`` filled in from ``environ``.
+
+    Raises :class:`EnvironmentFailure` naming every variable that is not set."""
+    _plain, secret = split_env(spec)
+    missing = [n for n in secret_names(spec) if n not in environ]
+    if missing:
+        raise EnvironmentFailure(
+            f"the unit's secrets need {', '.join(missing)} in the environment",
+            hint="export them before running envbuild (they are written only to a 0600 file)",
+        )
+    lines = [f"# Secrets for {unit_name(spec.name)}, written by envbuild; mode 0600."]
+    for key in sorted(secret):
+        value = SECRET_REF.sub(lambda m: environ[m.group(1)], secret[key])
+        if "\n" in value or "\0" in value:
+            raise EnvironmentFailure(
+                f"the secret for {key} holds a newline or NUL, which an EnvironmentFile "
+                "cannot carry"
+            )
+        lines.append(f"{key}={env_file_quote(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def env_file_quote(value: str) -> str:
+    """A value as systemd's EnvironmentFile parser reads it back (double quotes, backslash)."""
+    return '"' + "".join("\\" + c if c in '\\"$`' else c for c in value) + '"'
+
+
+def exec_start_line(argv: Sequence[str]) -> str:
+    return " ".join(quote_arg(a) for a in argv)

@@ -1,0 +1,140 @@
+"""Wheels that do not come from an index: source builds and patched wheels, from the store.
+
+The lock names them (``tool.envbuild.builds`` and ``tool.envbuild.patches``); a
+:class:`WheelProvider` turns each into a wheel file in the store, building it if the store does
+not have it yet (which needs a CUDA toolkit: preflight asks :meth:`WheelProvider.missing` first).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from envbuild.apply.inputs import ApplyInput
+from envbuild.apply.venv import StoreWheel
+from envbuild.errors import EnvironmentFailure, UserError
+from envbuild.spec.load import LoadedSpec
+from envbuild.store import Store, default_store, derivation_key
+
+log = logging.getLogger("envbuild.apply.wheels")
+
+
+def wanted(inp: ApplyInput) -> list[str]:
+    """Distributions whose wheel must come from the store, sorted."""
+    names = {canonicalize_name(b.name) for b in inp.lock.envbuild.builds}
+    names |= {canonicalize_name(n) for n, patches in inp.lock.envbuild.patches.items() if patches}
+    return sorted(names)
+
+
+class WheelProvider(ABC):
+    @abstractmethod
+    def missing(self, inp: ApplyInput) -> list[str]:
+        """Source builds the store does not have yet (they will be compiled)."""
+
+    @abstractmethod
+    def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
+        """A wheel for every name :func:`wanted` gives, building what is missing."""
+
+
+class IndexOnly(WheelProvider):
+    """For locks that need no store wheel; refuses the others clearly."""
+
+    def missing(self, inp: ApplyInput) -> list[str]:
+        return [b.name for b in inp.lock.envbuild.builds]
+
+    def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
+        if names := wanted(inp):
+            raise UserError(
+                f"{inp.lock_path} needs wheels built by envbuild ({', '.join(names)}), and no "
+                "store is configured for this apply",
+            )
+        return {}
+
+
+class StoreWheels(WheelProvider):
+    """Source builds on this machine (:func:`envbuild.sourcebuild.realize` with a host builder)
+    and patched wheels (:func:`envbuild.patches.realize_patch`), kept in envbuild's store."""
+
+    def __init__(self, store: Store | None = None) -> None:
+        self._store = store
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = default_store()
+        return self._store
+
+    def _loaded(self, inp: ApplyInput) -> LoadedSpec:
+        if inp.loaded is None:
+            raise UserError(
+                f"{inp.origin}: source builds and patches need the spec file and its patches",
+                hint="apply the spec itself (from its repository)",
+            )
+        return inp.loaded
+
+    def missing(self, inp: ApplyInput) -> list[str]:
+        if not inp.lock.envbuild.builds:
+            return []
+        from envbuild.builder import HostBuilder
+        from envbuild.sourcebuild import KIND, inputs_of
+        from envbuild.sourceplan import build_requests
+
+        builder = HostBuilder(inp.spec.python.version)
+        out = []
+        for req in build_requests(self._loaded(inp), inp.lock):
+            try:
+                toolchain = builder.probe(cuda=req.needs_cuda)
+            except EnvironmentFailure:
+                out.append(req.dist)  # no compiler: it cannot be in the store under its key
+                continue
+            if self.store.lookup(derivation_key(KIND, inputs_of(req, toolchain, builder))) is None:
+                out.append(req.dist)
+        return out
+
+    def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
+        if not wanted(inp):
+            return {}
+        from envbuild.builder import HostBuilder
+        from envbuild.fetch import fetch_wheels
+        from envbuild.patches import realize_patch
+        from envbuild.plan import select_wheels
+        from envbuild.sourcebuild import realize
+        from envbuild.sourceplan import build_requests, patch_sets
+
+        loaded = self._loaded(inp)
+        store = self.store
+        out: dict[str, StoreWheel] = {}
+        with store.session():
+            builder = HostBuilder(inp.spec.python.version)
+            for req in build_requests(loaded, inp.lock):
+                built = realize(req, builder, store)
+                out[req.dist] = self._wheel(req.dist, req.version, built.wheel, built.wheel_digest)
+            locked = {w.canonical: w for w in select_wheels(inp.lock, skip=frozenset(out))}
+            for dist, patches in patch_sets(loaded, inp.lock).items():
+                if dist in out:
+                    base, filename = out[dist].path, out[dist].filename
+                elif dist in locked:
+                    ref = locked[dist]
+                    base = fetch_wheels([ref], store)[ref.sha256]
+                    filename = ref.filename
+                else:
+                    raise UserError(f"{inp.lock_path}: patches for {dist}, which is not locked")
+                result = realize_patch(store, dist, base, patches, filename=filename)
+                p = result.patched
+                log.info("%s: patched as %s (%s)", dist, p.patched_version, p.wheel)
+                out[dist] = self._wheel(dist, p.patched_version, p.wheel, result.wheel_digest)
+        return out
+
+    def _wheel(self, dist: str, version: str, filename: str, digest: str) -> StoreWheel:
+        path: Path = self.store.blob_path(digest)
+        return StoreWheel(
+            dist=canonicalize_name(dist),
+            version=version,
+            filename=filename,
+            path=path,
+            sha256=digest.removeprefix("sha256:"),
+            size=path.stat().st_size,
+        )

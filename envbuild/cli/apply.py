@@ -1,0 +1,148 @@
+"""`envbuild apply SPEC|SNAPSHOT`: make this machine run the spec (or recreate a snapshot)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from envbuild.apply import host as hostmod
+from envbuild.apply.core import ApplyOutcome, Options, apply
+from envbuild.apply.inputs import load_input
+from envbuild.apply.paths import HF_HOME
+from envbuild.apply.preflight import PreflightReport, Status
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+
+
+def add_root_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="work under DIR instead of / (state, units, secrets, HF cache); for trying and tests",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another envbuild apply/rollback/gc to finish (default: refuse)",
+    )
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "apply",
+        help="build the spec's environment as a new generation, fetch the model, switch the "
+        "vLLM unit to it",
+        description="Check the machine (all at once), build an immutable generation from the "
+        "lock, fetch the model at its pinned revision, install the vLLM unit, stop the old "
+        "experiment's unit, start the new one and wait until it is healthy. Any failure puts "
+        "the previous generation and unit back. A SNAPSHOT (.json) is recreated from the spec "
+        "and lock it names.",
+    )
+    p.add_argument("source", metavar="SPEC|SNAPSHOT")
+    add_root_flags(p)
+    p.add_argument(
+        "--hf-home",
+        default=HF_HOME,
+        metavar="PATH",
+        help=f"HF_HOME for the model and the unit, under --root (default: {HF_HOME})",
+    )
+    p.add_argument("--yes", action="store_true", help="agree to stop running units")
+    p.add_argument("--dry-run", action="store_true", help="run preflight only; change nothing")
+    p.add_argument(
+        "--health-timeout",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="how long to wait for vLLM's /health (default: 1800)",
+    )
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run(args: argparse.Namespace) -> int:
+    host = hostmod.real_host(Path(args.root), args.hf_home)
+    inp = load_input(Path(args.source), host.paths)
+    options = Options(
+        agreed=args.yes,
+        dry_run=args.dry_run,
+        wait=args.wait,
+        health_timeout=args.health_timeout,
+    )
+    show = None if args.json else _show_preflight
+    # SIGTERM undoes a half-done switch like Ctrl-C does.
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        outcome = apply(inp, host, options, on_preflight=show)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if args.json:
+        render.emit_json(outcome.as_dict())
+    else:
+        _show_result(outcome, args.dry_run)
+    return outcome.exit_code
+
+
+_MARK = {Status.OK: "ok", Status.WARN: "warn", Status.FAIL: "FAIL", Status.SKIP: "skip"}
+
+
+def _show_preflight(report: PreflightReport) -> None:
+    render.echo("preflight:")
+    for check in report.checks:
+        render.echo(f"  {_MARK[check.status]:<4}  {check.name:<11} {check.message}")
+        if check.hint and check.status is Status.FAIL:
+            render.echo(f"        {'':<11} fix: {check.hint}")
+    if not report.ok:
+        kind = (
+            "the spec does not fit this machine"
+            if report.exit_code == ExitCode.USER_ERROR
+            else "the machine is not ready"
+        )
+        render.echo(f"preflight failed: {kind}; nothing was changed")
+
+
+def _show_result(o: ApplyOutcome, dry_run: bool) -> None:
+    if not o.preflight.ok:
+        return
+    if dry_run:
+        render.echo("dry run: preflight passed; nothing was changed")
+        return
+    for rejected in o.rejected:
+        render.echo(
+            f"generation {rejected['number']} was modified after it was built, not reused: "
+            + "; ".join(rejected["problems"][:3])
+        )
+    how = "reused" if o.reused else "built"
+    render.echo(f"generation {o.generation} ({how}): {o.generation_path}")
+    if o.model is not None:
+        m = o.model
+        where = "fetched and verified" if m.fetched else "already in the cache"
+        render.echo(
+            f"model {m.repo}@{m.revision[:12]}: {m.files} files, {m.size_bytes / 1e9:.2f} GB, "
+            f"{where}"
+        )
+    if o.up_to_date:
+        render.echo("already current and running: nothing switched")
+    elif o.switch is not None:
+        s = o.switch
+        if s.stopped:
+            render.echo(f"stopped: {', '.join(s.stopped)}")
+        if s.unit and s.started:
+            render.echo(
+                f"{s.unit}: started, healthy after {s.healthy_after_s or 0:.1f} s ({s.health_url})"
+            )
+        elif s.unit:
+            render.echo(f"{s.unit}: installed at {s.unit_file}, not started")
+        before = f" (was {s.previous})" if s.previous is not None else ""
+        render.echo(f"current: generation {s.current}{before}")
+    if o.snapshot:
+        render.echo(f"snapshot: {o.snapshot}")

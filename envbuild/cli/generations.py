@@ -1,0 +1,66 @@
+"""`envbuild generations`: list, check and garbage-collect the generations on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.apply.manage import gc, list_infos
+from envbuild.apply.paths import Paths
+from envbuild.cli import render
+from envbuild.cli.apply import add_root_flags
+from envbuild.errors import ExitCode
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "generations",
+        help="list the generations apply built (spec, date, which is current); --gc removes old",
+        description="List the generations under the state dir. --verify checks each one's files "
+        "(exit 1 if one was modified); --gc removes all but the --keep newest (never the "
+        "current one).",
+    )
+    add_root_flags(p)
+    p.add_argument("--verify", action="store_true", help="check every file of each generation")
+    p.add_argument("--gc", action="store_true", help="remove old generations")
+    p.add_argument(
+        "--keep", type=int, default=3, metavar="N", help="with --gc: keep the N newest (default 3)"
+    )
+    p.add_argument("--dry-run", action="store_true", help="with --gc: only say what would go")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = Paths(Path(args.root))
+    if args.gc:
+        result = gc(paths, keep=args.keep, dry_run=args.dry_run, wait=args.wait)
+        if args.json:
+            render.emit_json(result.as_dict())
+        else:
+            verb = "would remove" if args.dry_run else "removed"
+            for name in result.removed:
+                render.echo(f"{verb} {name}")
+            render.echo(
+                f"{verb} {len(result.removed)} generation(s), {result.freed_bytes / 1e9:.2f} GB; "
+                f"kept {len(result.kept)}"
+            )
+        return ExitCode.OK
+    infos = list_infos(paths, verify=args.verify)
+    bad = any(i.check is not None and not i.check.ok for i in infos)
+    if args.json:
+        render.emit_json({"generations": [i.as_dict() for i in infos]})
+    elif not infos:
+        render.echo(f"no generations under {paths.generations}")
+    else:
+        for i in infos:
+            mark = "*" if i.current else " "
+            line = f"{mark} {i.number:>3}  {i.created}  {i.spec_name}  spec {i.spec_hash[:12]}"
+            if i.check is not None:
+                line += "  ok" if i.check.ok else "  MODIFIED"
+            render.echo(line)
+            if i.check is not None:
+                for problem in i.check.problems[:10]:
+                    render.echo(f"        {problem}")
+    return ExitCode.DIFFERENT if bad else ExitCode.OK

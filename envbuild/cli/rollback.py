@@ -1,0 +1,47 @@
+"""`envbuild rollback [--to N]`: switch back to an earlier generation and its unit."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+from typing import Any
+
+from envbuild.apply import host as hostmod
+from envbuild.apply.manage import rollback
+from envbuild.cli import render
+from envbuild.cli.apply import _interrupt, add_root_flags
+from envbuild.errors import ExitCode
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "rollback",
+        help="switch back to the previous generation (or --to N) and restart its unit",
+        description="Point `current` back at an earlier generation, install its unit, stop the "
+        "current one and start it, waiting for its health endpoint. A failure puts everything "
+        "back.",
+    )
+    add_root_flags(p)
+    p.add_argument("--to", type=int, metavar="N", help="the generation (default: the one before)")
+    p.add_argument("--health-timeout", type=float, default=1800.0, metavar="SECONDS")
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    host = hostmod.real_host(Path(args.root))
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = rollback(host, to=args.to, wait=args.wait, health_timeout=args.health_timeout)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if args.json:
+        render.emit_json(result.as_dict())
+    else:
+        render.echo(f"current: generation {result.current} (was {result.previous})")
+        if result.stopped:
+            render.echo(f"stopped: {', '.join(result.stopped)}")
+        if result.unit and result.started:
+            render.echo(f"{result.unit}: started, healthy after {result.healthy_after_s:.1f} s")
+    return ExitCode.OK

@@ -1,0 +1,215 @@
+"""Fixtures for the apply tests.
+
+* a local wheel index (session): ``tinydep`` and two versions of a fake ``vllm`` whose console
+  script serves /health (tests/cases/apply/fake_vllm.py), served by :mod:`support.pyindex`;
+* a local Hugging Face hub (session, :mod:`support.hfhub`) with two tiny models;
+* ``experiment``: writes a spec into a repository and locks it with envbuild's own lock stage;
+* ``machine``: the CLI works on a root with fake GPUs and a fake systemd that really runs units.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from support import hfhub, pyindex
+from support.fakesystemd import FakeSystemd, fake_host
+from support.wheels import make_wheel
+
+from envbuild.apply import host as hostmod
+from envbuild.apply.paths import HF_HOME, Paths
+from envbuild.lock import lock_spec
+from envbuild.spec import load_spec
+
+CASES = Path(__file__).resolve().parent.parent / "cases" / "apply"
+REV_A = "a" * 40
+REV_B = "b" * 40
+TOKEN = 'hf_secret_token_$with%odd"chars'
+
+
+@dataclass(frozen=True)
+class Index:
+    url: str
+    root: Path
+
+
+@pytest.fixture(scope="session")
+def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+def fake_vllm_wheel(directory: Path, version: str) -> Path:
+    source = (CASES / "fake_vllm.py").read_text().replace("@VERSION@", version)
+    return make_wheel(
+        directory,
+        "vllm",
+        version,
+        {"vllm/__init__.py": f'__version__ = "{version}"\n', "vllm/cli.py": source},
+        scripts={"vllm": "vllm.cli:main"},
+        requires=("tinydep>=1",),
+    )
+
+
+def published_with_a_wrong_record(directory: Path) -> Path:
+    """A real-world oddity (seen in pynvvideocodec 2.0.4 on PyPI): a wheel whose file was changed
+    after its RECORD was written, so the installed file never matches its RECORD line."""
+    wheel = make_wheel(directory, "oddrecord", "1.0", {"oddrecord/_native.py": "BUILD = 1\n"})
+    with zipfile.ZipFile(wheel) as zf:
+        members = [(info, zf.read(info)) for info in zf.infolist()]
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for info, data in members:
+            if info.filename == "oddrecord/_native.py":
+                data = b"BUILD = 2  # changed after RECORD was written\n"
+            zf.writestr(info, data)
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    work = tmp_path_factory.mktemp("apply-index")
+    dist = work / "dist"
+    files = [
+        make_wheel(dist, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 1\n"}),
+        fake_vllm_wheel(dist, "0.0.1"),
+        fake_vllm_wheel(dist, "0.0.2"),
+        published_with_a_wrong_record(dist),
+    ]
+    uploaded = datetime(2025, 6, 1, tzinfo=UTC)
+    root = work / "root"
+    pyindex.write_index(root, [(f, "simple", uploaded) for f in files])
+    with pyindex.serve(root) as url:
+        yield Index(url, root)
+
+
+def model_files(tag: str) -> dict[str, bytes]:
+    return {
+        "config.json": json.dumps({"model": tag}).encode(),
+        "tokenizer.json": b'{"tokens": []}',
+        "model.safetensors": (tag.encode() * 2000)[:5000],
+        "README.md": b"not fetched: the spec's patterns leave it out",
+    }
+
+
+@pytest.fixture(scope="session")
+def hub() -> Iterator[hfhub.Hub]:
+    with hfhub.serve() as served:
+        served.add("org/tiny-a", REV_A, model_files("a"))
+        served.add("org/tiny-b", REV_B, model_files("b"))
+        yield served
+
+
+@pytest.fixture(autouse=True)
+def _isolated(
+    monkeypatch: pytest.MonkeyPatch, uv_cache: Path, tmp_path: Path, hub: hfhub.Hub
+) -> None:
+    """uv and huggingface_hub see only the tests' cache, index and hub."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+    monkeypatch.setenv("ENVBUILD_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+Experiment = Callable[..., Path]
+
+
+@pytest.fixture
+def experiment(repo: Path, wheel_index: Index) -> Experiment:
+    """``experiment(name, vllm=..., repo_id=..., extra=[...])`` writes specs/<name>.toml from
+    tests/cases/apply/specs/tiny.toml, locks it with ``lock_spec``, and returns its path."""
+
+    def write(
+        name: str,
+        *,
+        vllm: str = "0.0.1",
+        repo_id: str = "org/tiny-a",
+        revision: str = REV_A,
+        extra: tuple[str, ...] = (),
+        size_gb: float = 0.001,
+        port: int | None = None,
+        index: str | None = None,
+        lock: bool = True,
+    ) -> Path:
+        text = (CASES / "specs" / "tiny.toml").read_text()
+        for key, value in {
+            "NAME": name,
+            "VLLM": vllm,
+            "REPO": repo_id,
+            "REV": revision,
+            "SIZE_GB": repr(size_gb),
+            "PORT": str(port or free_port()),
+            "EXTRA": ", ".join(json.dumps(e) for e in extra),
+            "INDEX": index or wheel_index.url,
+        }.items():
+            text = text.replace(f"@{key}@", value)
+        path = repo / "specs" / f"{name}.toml"
+        path.write_text(text)
+        if lock:
+            lock_spec(load_spec(path))
+        return path
+
+    return write
+
+
+@dataclass
+class Machine:
+    root: Path
+    options: dict[str, object]
+
+    @property
+    def paths(self) -> Paths:
+        return Paths(self.root)
+
+    @property
+    def systemd(self) -> FakeSystemd:
+        return FakeSystemd(self.paths)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment for a CLI subprocess on this machine (tests/support on the path)."""
+        env = {**os.environ, **extra}
+        tests = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tests, env.get("PYTHONPATH")) if p)
+        env["FAKE_HOST"] = json.dumps(self.options)
+        return env
+
+    def spawn(self, *args: str | Path, **env: str) -> subprocess.Popen[str]:
+        """``envbuild ARGS`` as a real process on this machine (own session, output piped)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "support.apply_main", *map(str, args)],
+            env=self.env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Machine]:
+    """A root with fake GPUs and a fake systemd; the CLI (in-process) is pointed at it."""
+    m = Machine(tmp_path / "root", {})
+    m.root.mkdir()
+    monkeypatch.setattr(
+        hostmod, "real_host", lambda root, hf_home=HF_HOME: fake_host(root, hf_home, **m.options)
+    )
+    try:
+        yield m
+    finally:
+        m.systemd.stop_all()

@@ -1,0 +1,77 @@
+"""Patched wheels come from the store: a spec's patch is applied to the locked wheel (as a store
+derivation), installed in the generation and verifiable; the next experiment without the patch
+gets a pristine venv (no stale patch survives a switch, unlike an in-place upgrade)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+import pytest
+from apply.conftest import CASES, Experiment, Machine
+
+from envbuild.apply import generations as gens
+from envbuild.lock import lock_spec
+from envbuild.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+
+def vllm_patch(version: str) -> str:
+    """A -p1 patch (paths relative to site-packages) to the fake vllm's cli.py."""
+    old = (CASES / "fake_vllm.py").read_text().replace("@VERSION@", version)
+    new = old.replace(
+        'print(f"fake vllm {VERSION}: serving', 'print(f"patched vllm {VERSION}: serving'
+    )
+    assert new != old
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            "a/vllm/cli.py",
+            "b/vllm/cli.py",
+        )
+    )
+
+
+def with_patch(spec: Path, repo: Path) -> Path:
+    (repo / "specs" / "patches").mkdir(exist_ok=True)
+    (repo / "specs" / "patches" / "vllm.patch").write_text(vllm_patch("0.0.1"))
+    spec.write_text(spec.read_text() + '\n[patches]\nvllm = ["patches/vllm.patch"]\n')
+    lock_spec(load_spec(spec))
+    return spec
+
+
+def site_packages(gen: gens.Generation) -> Path:
+    return next((gen.venv / "lib").glob("python3.*/site-packages"))
+
+
+def test_a_patched_wheel_from_the_store_and_no_stale_patch_after(
+    cli, experiment: Experiment, machine: Machine, repo: Path
+) -> None:
+    spec = with_patch(experiment("tiny-a", lock=False), repo)
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0, r.stderr
+    gen = gens.current(machine.paths)
+    assert gen is not None
+    version = gen.meta.packages["vllm"]
+    assert version.startswith("0.0.1+envbuild.")
+    site = site_packages(gen)
+    assert "patched vllm" in (site / "vllm" / "cli.py").read_text()
+    record = json.loads((site / f"vllm-{version}.dist-info" / "envbuild-patches.json").read_text())
+    assert [p["path"] for p in record["patches"]] == ["specs/patches/vllm.patch"]
+    # the wheel uv installed is the store's blob, by a name uv can read
+    link = gen.path / "wheels" / f"vllm-{version}-py3-none-any.whl"
+    assert link.is_symlink() and link.resolve().parent.name == "sha256"
+    assert "patched vllm 0.0.1: serving" in machine.systemd.logs("envbuild-tiny-a.service")
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+    # the next experiment: a newer vllm, no patch; its venv is built fresh from the lock
+    plain = experiment("tiny-a", vllm="0.0.2")
+    r = cli("apply", plain, "--root", machine.root, "--yes")
+    assert r.exit_code == 0, r.stderr
+    new = gens.current(machine.paths)
+    assert new is not None and new.number == 2 and new.meta.packages["vllm"] == "0.0.2"
+    assert "patched" not in (site_packages(new) / "vllm" / "cli.py").read_text()
+    assert not (new.path / "wheels").exists()

@@ -1,0 +1,119 @@
+"""The stale-patch case: someone edits a file in the current generation's venv (as happened when
+vLLM was upgraded in place and kept old patches). verify reports it; apply does not reuse that
+generation but builds a fresh one; rollback refuses to go back to it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from apply.conftest import Experiment, Machine
+
+from envbuild.apply import generations as gens
+
+pytestmark = pytest.mark.slow
+
+
+def hand_edit(path: Path, text: str) -> None:
+    """What a person does to a read-only file: make it writable, change it."""
+    os.chmod(path.parent, os.stat(path.parent).st_mode | stat.S_IWUSR)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IWUSR)
+    path.write_text(path.read_text() + text)
+
+
+def site_packages(gen: gens.Generation) -> Path:
+    return next((gen.venv / "lib").glob("python3.*/site-packages"))
+
+
+def test_an_edited_generation_is_caught_and_replaced(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    spec = experiment("tiny-a")
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    first = gens.current(machine.paths)
+    assert first is not None
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+    patched = site_packages(first) / "vllm" / "cli.py"
+    hand_edit(patched, "\n# hot fix, applied by hand\n")
+    (site_packages(first) / "vllm" / "extra_patch.py").write_text("X = 1\n")
+
+    r = cli("generations", "--root", machine.root, "--verify")
+    assert r.exit_code == 1
+    assert "MODIFIED" in r.stdout
+    assert "venv: vllm: vllm/cli.py was modified" in r.stdout
+    assert "venv: vllm: vllm/extra_patch.py was added" in r.stdout
+
+    # the same spec again: preflight says the edited generation will not be reused, and that
+    # replacing it restarts the unit, which needs --yes; nothing is built yet
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 3
+    assert "warn  generation  generation 1 has these inputs but was modified" in r.stdout
+    assert "vllm/cli.py was modified" in r.stdout
+    assert "FAIL  units       apply would stop the running unit(s) envbuild-tiny-a.service" in (
+        r.stdout
+    )
+    assert gens.current(machine.paths).number == 1  # type: ignore[union-attr]
+    assert [g.number for g in gens.list_generations(machine.paths)] == [1]
+
+    r = cli("apply", spec, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    assert out["generation"] == 2 and not out["reused"]
+    assert out["rejected"][0]["number"] == 1
+    assert "venv: vllm: vllm/cli.py was modified" in out["rejected"][0]["problems"]
+    second = gens.current(machine.paths)
+    assert second is not None and second.number == 2
+    assert second.meta.content_hash == first.meta.content_hash  # same inputs, fresh path
+    assert second.path != first.path
+    assert "hot fix" not in (site_packages(second) / "vllm" / "cli.py").read_text()
+    assert out["switch"]["stopped"] == ["envbuild-tiny-a.service"]
+
+    # and nobody is sent back to the edited one
+    r = cli("rollback", "--root", machine.root)
+    assert r.exit_code == 3
+    assert "generation 1 was modified after it was built" in r.stderr
+    assert gens.current(machine.paths).number == 2  # type: ignore[union-attr]
+
+    # a later apply reuses the good generation, not the edited one
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0 and r.json()["generation"] == 2 and r.json()["up_to_date"]
+
+
+def test_an_edited_unit_copy_in_the_generation_is_caught(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    spec = experiment("tiny-a")
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    gen = gens.current(machine.paths)
+    assert gen is not None
+    hand_edit(gen.path / "envbuild-tiny-a.service", "\nEnvironment=SNEAKY=1\n")
+    r = cli("generations", "--root", machine.root, "--verify", "--json")
+    assert r.exit_code == 1
+    [listed] = r.json()["generations"]
+    assert listed["check"]["problems"] == ["envbuild-tiny-a.service was modified"]
+
+
+def test_a_wheel_published_with_a_wrong_record_is_not_mistaken_for_an_edit(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    from envbuild.lock import lock_spec
+    from envbuild.spec import load_spec
+
+    spec = experiment("tiny-a", lock=False)
+    spec.write_text(spec.read_text() + '\n[packages]\noddrecord = "==1.0"\n')
+    lock_spec(load_spec(spec))
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 0, r.stderr
+    assert "oddrecord 1.0: 1 file(s) differ from the wheel's own RECORD as published" in r.stderr
+    gen = gens.current(machine.paths)
+    assert gen is not None and list(gen.meta.record_exceptions) == [
+        "oddrecord/oddrecord/_native.py"
+    ]
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+    # an edit of that very file is still caught
+    hand_edit(site_packages(gen) / "oddrecord" / "_native.py", "BUILD = 3\n")
+    r = cli("generations", "--root", machine.root, "--verify")
+    assert r.exit_code == 1 and "oddrecord/_native.py was modified" in r.stdout
