@@ -558,10 +558,11 @@ def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
     try:
         # a fixed API version: "auto" asks the engine inside the constructor, and a failed
         # constructor leaks its socket. 1.41 (Docker 20.10) is served by every later engine.
+        # loading gigabytes into a vfs engine takes minutes: the SDK's 60 s default is too short
         if base_url:
-            client = docker.DockerClient(base_url=base_url, version=API_VERSION)
+            client = docker.DockerClient(base_url=base_url, version=API_VERSION, timeout=1800)
         else:
-            client = docker.from_env(version=API_VERSION)
+            client = docker.from_env(version=API_VERSION, timeout=1800)
         client.ping()
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         if client is not None:

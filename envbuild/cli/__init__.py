@@ -29,6 +29,8 @@ COMMANDS: tuple[str, ...] = (
     "diff",
     "verify",
     "store",
+    "build",
+    "dockerfile",
     "load",
     "gc",
     "apply",

@@ -1,0 +1,668 @@
+"""`envbuild build`: spec + lock -> a layered, bit-for-bit reproducible OCI image, no daemon.
+
+A chain of explicit stages, each one's errors wrapped with its name (apko's habit):
+
+    plan  -> the layer plan from the spec and the lock alone (what ``--dry-run`` prints)
+    fetch -> every locked wheel into the store, size and sha256 checked; overlaps checked
+    base  -> the base's layers (Debian rootfs, registry image, OCI layout or rootfs tarball)
+    layer -> per planned layer: install its distributions with uv into a fresh staging root
+             and pack it (deterministic tar, zstd) — skipped when the store has its key
+    image -> config, manifest, OCI layout and a ``docker load`` archive under the output dir
+    root  -> the store keeps what the image needs alive through ``gc``
+
+Every layer is a store derivation keyed by the plan's key, so an unchanged layer is neither
+installed nor packed again, and a no-op rebuild only re-reads the store's records.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+from packaging.utils import canonicalize_name
+from pydantic import BaseModel, ConfigDict, Field
+
+from envbuild import __version__, image, layers
+from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
+from envbuild.fetch import fetch_wheels
+from envbuild.fsio import canonical_json, sha256_file, write_atomic
+from envbuild.install import (
+    INSTALL_FORMAT,
+    VenvTarget,
+    WheelRef,
+    find_overlaps,
+    install,
+    resolve_overlaps,
+    uv_version,
+    wheel_files,
+    write_venv,
+)
+from envbuild.lock import Lock, lock_path, read_lock
+from envbuild.lock.model import DebianBaseLock
+from envbuild.plan import (
+    IMAGE_BASE_LAYERS,
+    LayerKind,
+    Plan,
+    PlanBase,
+    PlanDist,
+    PlanLayer,
+    PlanOptions,
+    image_config,
+    key_of,
+    layer_plan,
+    select_wheels,
+)
+from envbuild.progress import NULL, Progress
+from envbuild.spec import LoadedSpec
+from envbuild.store import Output, Store
+
+log = logging.getLogger("envbuild.build")
+
+MANIFEST_FORMAT = 1
+#: Layer compression unless asked otherwise: zstd packs several times faster than gzip; gzip is
+#: read by every tool (umoci 0.4, Docker before 23).
+COMPRESSION = layers.Compression.ZSTD
+
+
+class StageError(EnvironmentFailure):
+    """Wraps an unexpected failure of one stage with the stage's name."""
+
+
+@contextmanager
+def stage(name: str, timings: dict[str, float] | None = None) -> Iterator[None]:
+    """Run a stage: envbuild's own errors get the stage's name in front; others too, as an
+    environment failure, so one clear line reaches the user."""
+    start = time.perf_counter()
+    try:
+        yield
+    except EnvbuildError as exc:
+        if not exc.message.startswith(f"{name}: "):
+            exc.message = f"{name}: {exc.message}"
+            exc.args = (exc.message, *exc.args[1:])
+        raise
+    except OSError as exc:
+        raise StageError(f"{name}: {exc.strerror or exc} ({exc.filename or ''})") from exc
+    finally:
+        if timings is not None:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+
+def target_of(loaded: LoadedSpec, lock: Lock) -> VenvTarget:
+    py = loaded.spec.python
+    return VenvTarget(
+        venv=py.venv,
+        interpreter=py.interpreter,
+        python_version=lock.envbuild.python,
+        platform=lock.envbuild.platform,
+    )
+
+
+def pack_options(compression: layers.Compression) -> dict[str, str | int]:
+    return {
+        "compression": compression.value,
+        "compressor": layers.compressor_id(compression),
+        "tar": "gnu-sorted-1",
+    }
+
+
+def _compression(plan: Plan) -> layers.Compression:
+    return layers.Compression(str(plan.pack["compression"]))
+
+
+def make_plan(
+    loaded: LoadedSpec,
+    lock: Lock,
+    *,
+    lock_hash: str,
+    compression: layers.Compression = COMPRESSION,
+) -> Plan:
+    """The plan from the spec and its lock; reads nothing but them (and asks uv its version)."""
+    spec = loaded.spec
+    meta = lock.envbuild
+    target = target_of(loaded, lock)
+    builds = {canonicalize_name(b.name): b for b in meta.builds}
+    wheels = select_wheels(lock, skip=frozenset(builds))
+    installer = uv_version()
+    pack = pack_options(compression)
+    sde = layers.source_date_epoch()
+    base = _plan_base(loaded, lock, pack)
+    top = []
+    kinds: dict[str, LayerKind] = {}
+    if spec.vllm:
+        top.append("vllm")
+    for name in sorted({*map(canonicalize_name, spec.patches)} - set(builds)):
+        if name != "vllm":
+            top.append(name)
+        kinds[name] = "patch"
+    options = PlanOptions(max_layers=spec.image.max_layers)
+    planned = layer_plan(
+        wheels,
+        target=target,
+        installer=installer,
+        pack=pack,
+        source_date_epoch=sde,
+        options=options,
+        base_layers=base.layers,
+        top=top,
+        kinds=kinds,
+        overlap_rules=_overlap_rules(loaded, wheels),
+    )
+    for name, b in sorted(builds.items()):
+        inputs = {
+            "layer": "build",
+            "install_format": INSTALL_FORMAT,
+            "installer": installer,
+            "target": target.key(),
+            "pack": pack,
+            "sdist": {"filename": b.sdist.name, "sha256": b.sdist.hashes.sha256},
+            "env": dict(sorted(b.env.items())),
+            "source_date_epoch": sde,
+        }
+        dist = PlanDist(
+            name=name,
+            version=b.version,
+            filename=b.sdist.name,
+            sha256=b.sdist.hashes.sha256,
+            size=b.sdist.size,
+        )
+        planned.append(
+            PlanLayer(
+                name=name,
+                kind="build",
+                key=key_of("layer", inputs),
+                inputs=inputs,
+                dists=[dist],
+                wheel_bytes=b.sdist.size,
+            )
+        )
+    return Plan(
+        spec=spec.name,
+        spec_hash=loaded.spec_hash(),
+        lock_hash=lock_hash,
+        source_date_epoch=sde,
+        target={k: v for k, v in target.key().items() if isinstance(v, str | None)},
+        installer=installer,
+        pack=pack,
+        options=options,
+        base=base,
+        layers=planned,
+        config=image_config(spec, spec_hash=loaded.spec_hash(), lock_hash=lock_hash),
+    )
+
+
+def _overlap_rules(loaded: LoadedSpec, wheels: list[WheelRef]) -> dict[str, dict[str, str]]:
+    """For each losing distribution of a spec rule: the winner and its wheel's sha256 (what
+    decides which paths the loser's layer leaves out)."""
+    by_name = {w.canonical: w for w in wheels}
+    out: dict[str, dict[str, str]] = {}
+    for loser, winner in loaded.spec.image.overlaps.items():
+        lo, wi = canonicalize_name(loser), canonicalize_name(winner)
+        if lo in by_name and wi in by_name:
+            out[lo] = {"winner": wi, "sha256": by_name[wi].sha256}
+    return out
+
+
+def _plan_base(loaded: LoadedSpec, lock: Lock, pack: dict[str, str | int]) -> PlanBase:
+    base = loaded.spec.base
+    locked = lock.envbuild.base
+    if base.kind == "debian":
+        extra = f" + {', '.join(base.packages)}" if base.packages else ""
+        description = f"debian {base.suite} ({base.variant}){extra}"
+        count = 1
+    elif base.kind == "image":
+        description, count = base.ref, IMAGE_BASE_LAYERS
+    elif base.kind == "oci-layout":
+        description, count = f"oci-layout {base.path}", IMAGE_BASE_LAYERS
+    else:
+        description, count = f"rootfs {base.path} ({base.sha256[:12]})", 1
+    inputs = {
+        "spec": base.model_dump(mode="json"),
+        "lock": locked.model_dump(mode="json", by_alias=True) if locked else None,
+        "pack": pack,
+    }
+    return PlanBase(
+        kind=base.kind, description=description, key=key_of("base", inputs), layers=count
+    )
+
+
+# --- the build manifest -----------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuiltLayer(_Model):
+    name: str
+    kind: str
+    key: str = Field(description="the derivation key the layer is stored under ('' for a base)")
+    digest: str
+    diff_id: str
+    size: int
+    media_type: str
+    distributions: list[str] = Field(description="name==version of what the layer holds")
+    leaves_out: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class BuildManifest(_Model):
+    """What ``envbuild build`` made, as ``images/<spec>/build-manifest.json`` (canonical JSON)."""
+
+    format: Literal[1] = 1
+    generator: str
+    spec: str
+    spec_hash: str
+    lock_hash: str
+    base: dict[str, Any]
+    source_date_epoch: int
+    layers: list[BuiltLayer]
+    overlaps: list[dict[str, Any]] = Field(default_factory=list)
+    config: str = Field(description="digest of the image config")
+    image: str = Field(description="digest of the image manifest: the image's digest")
+    outputs: dict[str, str] = Field(description="files written, relative to the output dir")
+
+
+@dataclass
+class BaseResult:
+    """The base stage's answer: its layers, config and history, and what to record about it."""
+
+    layers: list[layers.Layer]
+    config: image.ImageConfig
+    history: list[image.History]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BuildResult:
+    manifest: BuildManifest | None
+    plan: Plan
+    output: Path | None
+    timings: dict[str, float] = field(default_factory=dict)
+    rebuilt: list[str] = field(default_factory=list)  # names of layers installed and packed now
+    reused: list[str] = field(default_factory=list)
+
+
+# --- the build --------------------------------------------------------------------------------
+
+
+def load_lock(loaded: LoadedSpec) -> tuple[Lock, str]:
+    """The spec's lock and the sha256 of its bytes; refuses a lock made from another spec."""
+    path = lock_path(loaded)
+    lock = read_lock(path)
+    if lock.envbuild.spec_hash != loaded.spec_hash():
+        raise UserError(
+            f"{loaded.display(path)} was locked from another version of "
+            f"{loaded.display(loaded.path)} (spec hash {lock.envbuild.spec_hash[:12]}, now "
+            f"{loaded.spec_hash()[:12]})",
+            hint=f"run `envbuild lock {loaded.display(loaded.path)}`",
+        )
+    return lock, sha256_file(path)
+
+
+def build(
+    loaded: LoadedSpec,
+    *,
+    store: Store,
+    output: Path | None = None,
+    dry_run: bool = False,
+    compression: layers.Compression = COMPRESSION,
+    progress: Progress = NULL,
+) -> BuildResult:
+    """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``)."""
+    timings: dict[str, float] = {}
+    with stage("plan", timings):
+        lock, lock_hash = load_lock(loaded)
+        plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
+    out = output if output is not None else loaded.root / "images" / loaded.name
+    if dry_run:
+        return BuildResult(None, plan, None, timings)
+    if any(layer.kind == "build" for layer in plan.layers) or loaded.spec.patches:
+        raise UserError(
+            "source builds and patches are planned but this envbuild cannot build them yet",
+            hint="remove [builds] and [patches] from the spec, or build with a newer envbuild",
+        )
+    result = BuildResult(None, plan, out, timings)
+    with store.session():
+        built: dict[str, BuiltLayer] = {}
+        todo = [layer for layer in plan.layers if store.lookup(layer.key) is None]
+        target = _target(plan)
+        wheels = _wheel_refs(lock, plan)
+        with stage("fetch", timings):
+            blobs: dict[str, Path] = {}
+            if todo:
+                needed = {d.sha256 for layer in todo for d in layer.dists}
+                blobs = fetch_wheels(
+                    [w for w in wheels if w.sha256 in needed], store, progress=progress
+                )
+            overlaps, leaves = _overlaps(loaded, wheels, store, target, progress)
+        with stage("base", timings):
+            base = _base_stage(loaded, lock, lock_hash, store, _compression(plan), progress)
+        with stage("layers", timings):
+            for layer in plan.layers:
+                got, reused = _layer(
+                    layer, store, blobs, leaves, target, _compression(plan), progress
+                )
+                built[layer.name] = got
+                (result.reused if reused else result.rebuilt).append(layer.name)
+        with stage("image", timings):
+            manifest = _image_stage(plan, store, base, built, overlaps, out)
+        with stage("root", timings):
+            store.set_root(
+                f"image-{plan.spec}",
+                blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
+                derivations=[layer.key for layer in plan.layers],
+            )
+    result.manifest = manifest
+    return result
+
+
+def _target(plan: Plan) -> VenvTarget:
+    t = plan.target
+    return VenvTarget(
+        venv=str(t["venv"]),
+        interpreter=str(t["interpreter"]),
+        python_version=str(t["python_version"]),
+        platform=t.get("platform"),
+    )
+
+
+def _wheel_refs(lock: Lock, plan: Plan) -> list[WheelRef]:
+    by_sha = {
+        w.sha256: w
+        for w in select_wheels(
+            lock, skip=frozenset(layer.name for layer in plan.layers if layer.kind == "build")
+        )
+    }
+    return [by_sha[d.sha256] for layer in plan.layers for d in layer.dists if d.sha256 in by_sha]
+
+
+def _overlaps(
+    loaded: LoadedSpec,
+    wheels: list[WheelRef],
+    store: Store,
+    target: VenvTarget,
+    progress: Progress,
+) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
+    """Compare every wheel's RECORD before anything is installed (a derivation of the wheel set
+    and the spec's rules, so a no-op rebuild does not read the wheels). An overlap the spec does
+    not settle is an error naming both distributions and the paths."""
+    rules: dict[str, str] = {
+        canonicalize_name(k): canonicalize_name(v) for k, v in loaded.spec.image.overlaps.items()
+    }
+    inputs = {
+        "wheels": sorted(w.sha256 for w in wheels),
+        "rules": rules,
+        "site_packages": target.site_packages,
+        "install_format": INSTALL_FORMAT,
+    }
+
+    def builder() -> Output:
+        blobs = fetch_wheels(wheels, store, progress=progress)
+        files = {w.canonical: wheel_files(blobs[w.sha256], target) for w in wheels}
+        resolved, remove = resolve_overlaps(find_overlaps(files), rules)
+        report = {
+            "overlaps": [ov.as_dict() for ov in resolved],
+            "leaves_out": {k: sorted(v) for k, v in sorted(remove.items())},
+        }
+        return Output(outputs={"report": store.add_bytes(canonical_json(report).encode())})
+
+    drv = store.build("overlaps", inputs, builder).drv
+    report = json.loads(store.read_blob(drv.outputs["report"]))
+    leaves = {k: frozenset(v) for k, v in report["leaves_out"].items()}
+    return list(report["overlaps"]), leaves
+
+
+def _layer(
+    layer: PlanLayer,
+    store: Store,
+    blobs: dict[str, Path],
+    leaves: dict[str, frozenset[str]],
+    target: VenvTarget,
+    compression: layers.Compression,
+    progress: Progress,
+) -> tuple[BuiltLayer, bool]:
+    """One planned layer from the store, or installed and packed now under its key."""
+    names = [d.name for d in layer.dists]
+    left = {d: sorted(leaves[d]) for d in names if d in leaves}
+
+    def builder() -> Output:
+        with store.temp_dir("stage-") as work:
+            root = work / "root"
+            root.mkdir()
+            if layer.kind == "venv":
+                write_venv(root, target)
+            else:
+                refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
+                with progress.task(f"install {layer.name}", len(refs), unit="dists") as task:
+                    install(refs, target, root, remove={d: leaves[d] for d in left})
+                    task.advance(len(refs))
+            packed = pack(
+                store,
+                root,
+                layer.name,
+                compression=compression,
+                mtime=int(layer.inputs["source_date_epoch"]),
+                progress=progress,
+            )
+        return Output(
+            outputs={"layer": packed.digest},
+            meta={**packed.model_dump(mode="json"), "leaves_out": left},
+        )
+
+    realized = store.build("layer", layer.inputs, builder)
+    meta = realized.drv.meta
+    return (
+        BuiltLayer(
+            name=layer.name,
+            kind=layer.kind,
+            key=layer.key,
+            digest=realized.drv.outputs["layer"],
+            diff_id=str(meta["diff_id"]),
+            size=int(meta["size"]),
+            media_type=str(meta["media_type"]),
+            distributions=[f"{d.name}=={d.version}" for d in layer.dists],
+            leaves_out={k: list(v) for k, v in dict(meta.get("leaves_out", {})).items()},
+        ),
+        realized.reused,
+    )
+
+
+def pack(
+    store: Store,
+    root: Path,
+    name: str,
+    *,
+    compression: layers.Compression,
+    mtime: int,
+    progress: Progress = NULL,
+) -> layers.Layer:
+    """Pack the staging tree ``root`` as one deterministic layer, reporting bytes read."""
+    entries = layers.tree_entries(root)
+    total = sum(e.size for e in entries if e.kind is layers.Kind.FILE)
+    with progress.task(f"pack {name}", total) as task:
+        counted = [
+            replace(e, source=_counting_opener(e.source, task.advance))
+            if isinstance(e.source, Path)
+            else e
+            for e in entries
+        ]
+        return layers.write_layer(store, counted, compression=compression, mtime=mtime)
+
+
+class _Counting(io.RawIOBase):
+    def __init__(self, f: io.RawIOBase, advance: Callable[[int], None]) -> None:
+        self._f, self._advance = f, advance
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        n = self._f.readinto(buf)
+        if n:
+            self._advance(n)
+        return n or 0
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def _counting_opener(path: Path, advance: Callable[[int], None]) -> Callable[[], IO[bytes]]:
+    def opener() -> IO[bytes]:
+        raw = cast(io.RawIOBase, path.open("rb", buffering=0))
+        return cast(IO[bytes], _Counting(raw, advance))
+
+    return opener
+
+
+# --- the base ---------------------------------------------------------------------------------
+
+
+def _base_stage(
+    loaded: LoadedSpec,
+    lock: Lock,
+    lock_hash: str,
+    store: Store,
+    compression: layers.Compression,
+    progress: Progress,
+) -> BaseResult:
+    """The base's layers from the store, built or pulled once per store (see envbuild.base)."""
+    from envbuild.base import build_base
+
+    pinned = lock.envbuild.base
+    if isinstance(pinned, DebianBaseLock) and not pinned.packages:
+        pinned = _debian_resolution(loaded, lock_hash, store, compression)
+    with progress.task(f"base {loaded.spec.base.kind}", None, unit="layers"):
+        got = build_base(store, loaded, pinned, compression=compression)
+    return BaseResult(
+        layers=list(got.layers),
+        config=got.config,
+        history=list(got.history),
+        info={"key": got.key, "lock": got.lock.model_dump(mode="json", by_alias=True)},
+    )
+
+
+def _debian_resolution(
+    loaded: LoadedSpec, lock_hash: str, store: Store, compression: layers.Compression
+) -> DebianBaseLock:
+    """A lock whose Debian base names no package set is resolved against the mirror once per
+    lock file and store (a derivation of the lock's hash), not at every build: a no-op rebuild
+    runs no mmdebstrap. Pinning the set in the lock itself makes it the same on every machine."""
+    from envbuild.base import debian
+
+    spec_base = loaded.spec.base
+    inputs = {
+        "lock_sha256": lock_hash,
+        "base": spec_base.model_dump(mode="json"),
+    }
+
+    def builder() -> Output:
+        resolved = debian.resolve(store, spec_base, compression=compression)
+        data = canonical_json(resolved.model_dump(mode="json", by_alias=True)).encode()
+        return Output(outputs={"lock": store.add_bytes(data)})
+
+    drv = store.build("debian-resolution", inputs, builder).drv
+    return DebianBaseLock.model_validate_json(store.read_blob(drv.outputs["lock"]))
+
+
+# --- the image --------------------------------------------------------------------------------
+
+OCI_DIR = "oci"
+MANIFEST_FILE = "build-manifest.json"
+
+
+def _image_stage(
+    plan: Plan,
+    store: Store,
+    base: BaseResult,
+    built: dict[str, BuiltLayer],
+    overlaps: list[dict[str, Any]],
+    out: Path,
+) -> BuildManifest:
+    ours = [built[layer.name] for layer in plan.layers]
+    mine = [_as_layer(store, b) for b in ours]
+    config = image.ImageConfig(
+        env=plan.config.env,
+        cmd=plan.config.cmd,
+        entrypoint=plan.config.entrypoint,
+        labels=plan.config.labels,
+        workdir=plan.config.workdir,
+    ).merged_over(base.config)
+    history = [
+        *base.history,
+        *(
+            image.History(created_by=f"envbuild {layer.kind} {layer.name}", comment=layer.key)
+            for layer in plan.layers
+        ),
+    ]
+    img = image.write_image(store, layers=[*base.layers, *mine], config=config, history=history)
+    base_built = [
+        BuiltLayer(
+            name=f"base-{i}" if len(base.layers) > 1 else "base",
+            kind="base",
+            key=str(base.info.get("key", "")) if i == 0 else "",
+            digest=x.digest,
+            diff_id=x.diff_id,
+            size=x.size,
+            media_type=x.media_type,
+            distributions=[],
+        )
+        for i, x in enumerate(base.layers)
+    ]
+    outputs = {
+        "oci_layout": OCI_DIR,
+        "docker_archive": image.DOCKER_ARCHIVE,
+        "manifest": MANIFEST_FILE,
+    }
+    manifest = BuildManifest(
+        generator=f"envbuild {__version__}",
+        spec=plan.spec,
+        spec_hash=plan.spec_hash,
+        lock_hash=plan.lock_hash,
+        base={"kind": plan.base.kind, "description": plan.base.description, **base.info},
+        source_date_epoch=plan.source_date_epoch,
+        layers=[*base_built, *ours],
+        overlaps=overlaps,
+        config=img.config_digest,
+        image=img.manifest_digest,
+        outputs=outputs,
+    )
+    if _up_to_date(out, manifest):
+        log.debug("%s is up to date", out)
+        return manifest
+    image.write_oci_layout(store, img, out / OCI_DIR, ref_name=plan.spec)
+    image.write_docker_archive(
+        store, img, out / image.DOCKER_ARCHIVE, repo_tags=[f"envbuild/{plan.spec}:latest"]
+    )
+    write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
+    return manifest
+
+
+def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
+    """The output dir already holds this very image (a no-op rebuild writes nothing)."""
+    try:
+        old = json.loads((out / MANIFEST_FILE).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return (
+        old == json.loads(canonical_json(manifest.model_dump(mode="json")))
+        and (out / OCI_DIR / "index.json").is_file()
+        and (out / image.DOCKER_ARCHIVE).is_file()
+    )
+
+
+def _as_layer(store: Store, b: BuiltLayer) -> layers.Layer:
+    drv = store.lookup(b.key)
+    if drv is None:
+        raise EnvironmentFailure(f"layer {b.name} ({b.key[:12]}) vanished from the store")
+    fields = {k: drv.meta[k] for k in layers.Layer.model_fields if k in drv.meta}
+    return layers.Layer.model_validate(fields)

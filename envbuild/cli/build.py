@@ -1,0 +1,202 @@
+"""`envbuild build [SPEC]`: the image of a spec and its lock, layered and reproducible."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from envbuild.build import COMPRESSION, BuildResult, build
+from envbuild.cli import render
+from envbuild.errors import ExitCode
+from envbuild.layers import Compression
+from envbuild.progress import NULL, Progress, Task
+from envbuild.spec import load_spec
+from envbuild.store import Store, default_store
+
+DEFAULT_SPEC = "specs/quickstart.toml"
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "build",
+        help="build the OCI image of a spec from its lock (no Docker daemon)",
+        description="Build SPEC's image from its lock: a base, the venv, one layer per big "
+        "distribution, grouped small ones, vLLM on top. Unchanged layers come from the store. "
+        "Writes images/<spec>/ (OCI layout, docker-load archive, build-manifest.json) and "
+        "prints the image digest last.",
+    )
+    p.add_argument(
+        "spec", metavar="SPEC", nargs="?", default=DEFAULT_SPEC, help=f"default: {DEFAULT_SPEC}"
+    )
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        help="the store (default: $ENVBUILD_STORE or ~/.cache/envbuild/store)",
+    )
+    p.add_argument("--output", metavar="DIR", type=Path, help="default: images/<spec-name>/")
+    p.add_argument("--dry-run", action="store_true", help="print the layer plan and build nothing")
+    p.add_argument(
+        "--compression",
+        choices=[c.value for c in (Compression.ZSTD, Compression.GZIP)],
+        default=COMPRESSION.value,
+        help="layer compression (default: %(default)s; gzip for umoci 0.4 and Docker < 23 "
+        "registries); part of every layer's key",
+    )
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_spec(args.spec)
+    store = Store(args.store) if args.store else default_store()
+    progress = RichProgress() if _interactive(args) else NULL
+    with progress_context(progress):
+        result = build(
+            loaded,
+            store=store,
+            output=args.output,
+            dry_run=args.dry_run,
+            compression=Compression(args.compression),
+            progress=progress,
+        )
+    if args.dry_run:
+        if args.json:
+            render.emit_json(result.plan.model_dump(mode="json"))
+        else:
+            _show_plan(result, store)
+        return ExitCode.OK
+    assert result.manifest is not None
+    if args.json:
+        render.emit_json(result.manifest.model_dump(mode="json"))
+        return ExitCode.OK
+    _show_build(result)
+    render.echo(result.manifest.image)
+    return ExitCode.OK
+
+
+def _interactive(args: argparse.Namespace) -> bool:
+    return (
+        not args.json
+        and not getattr(args, "quiet", False)
+        and sys.stderr.isatty()
+        and sys.stdout.isatty()
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _show_plan(result: BuildResult, store: Store) -> None:
+    plan = result.plan
+    render.echo(f"plan for {plan.spec} (format {plan.format})")
+    render.echo(f"  spec hash  {plan.spec_hash}")
+    render.echo(f"  lock hash  {plan.lock_hash}")
+    render.echo(
+        f"  target     python {plan.target['python_version']} {plan.target['platform']}, "
+        f"venv {plan.target['venv']} -> {plan.target['interpreter']}"
+    )
+    render.echo(
+        f"  installer  {plan.installer}; pack {plan.pack['compressor']}; "
+        f"SOURCE_DATE_EPOCH={plan.source_date_epoch}"
+    )
+    total = plan.base.layers + len(plan.layers)
+    render.echo(f"  layers     {total} of at most {plan.options.max_layers}")
+    render.echo(f"  base       {plan.base.description}")
+    for layer in plan.layers:
+        state = "cached" if store.lookup(layer.key) is not None else "to build"
+        names = ", ".join(f"{d.name}=={d.version}" for d in layer.dists)
+        extra = "".join(f" [{d} loses to {w}]" for d, w in layer.loses_to.items())
+        render.echo(
+            f"  {layer.kind:<6} {layer.name:<28} {_mb(layer.wheel_bytes):>11}  {layer.key[:12]}  "
+            f"{state:<8} {names}{extra}"
+        )
+    config = plan.config
+    render.echo(f"  cmd        {' '.join(config.cmd)}")
+    for key, value in sorted(config.env.items()):
+        render.echo(f"  env        {key}={value}")
+
+
+def _show_build(result: BuildResult) -> None:
+    assert result.manifest is not None and result.output is not None
+    m = result.manifest
+    for layer in m.layers:
+        state = "rebuilt" if layer.name in result.rebuilt else "cached"
+        if layer.kind == "base":
+            state = "base"
+        print(
+            f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}",
+            file=sys.stderr,
+        )
+    took = sum(result.timings.values())
+    print(
+        f"built {m.spec}: {len(m.layers)} layers ({len(result.rebuilt)} rebuilt) in {took:.1f} s "
+        f"-> {result.output}",
+        file=sys.stderr,
+    )
+
+
+# --- progress on a terminal -------------------------------------------------------------------
+
+
+class _RichTask(Task):
+    def __init__(self, owner: RichProgress, description: str, total: int | None, unit: str) -> None:
+        super().__init__(description, total, unit=unit)
+        self._owner = owner
+        self._id = owner.bars.add_task(description, total=total)
+
+    def _update(self) -> None:
+        self._owner.bars.update(self._id, completed=self.completed)
+
+    def done(self) -> None:
+        self._owner.bars.remove_task(self._id)
+
+
+class RichProgress(Progress):
+    """Bars with bytes/s for downloads and packing, on stderr."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
+        from rich.progress import (
+            Progress as Bars,
+        )
+
+        self.bars = Bars(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            console=Console(file=sys.stderr),
+            transient=True,
+        )
+        self._lock = threading.Lock()
+
+    def task(self, description: str, total: int | None = None, *, unit: str = "B") -> Task:
+        with self._lock:
+            return _RichTask(self, description, total, unit)
+
+
+class progress_context:
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def __enter__(self) -> Progress:
+        if isinstance(self.progress, RichProgress):
+            self.progress.bars.start()
+        return self.progress
+
+    def __exit__(self, *exc: object) -> None:
+        if isinstance(self.progress, RichProgress):
+            self.progress.bars.stop()

@@ -1,0 +1,219 @@
+"""The quickstart image, built for real: Debian base (mmdebstrap), wheels from PyPI, uv, zstd.
+
+One session build into store A is shared by the tests; the reproducibility test builds again into
+store B in a subprocess with another umask, TZ, HOME and cwd, later in time, and compares digests.
+The image is checked with skopeo, umoci and a private dockerd (``docker run --network none``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO, CliResult
+
+from envbuild.lock import lock_spec
+from envbuild.spec import load_spec
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+SPEC = REPO / "specs" / "quickstart.toml"
+#: umoci 0.4 (Debian's) reads no zstd layers, so these images are built with gzip layers.
+GZIP = ("--compression", "gzip")
+
+
+@dataclass
+class Built:
+    store: Path
+    output: Path
+    manifest: dict[str, Any]
+    seconds: float
+
+
+def envbuild(
+    *args: str | Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    umask: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "envbuild", *map(str, args)]
+    if umask:
+        argv = ["sh", "-c", f'umask {umask} && exec "$@"', "sh", *argv]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+
+
+def build_into(store: Path, output: Path, **kw: Any) -> Built:
+    start = time.perf_counter()
+    done = envbuild("build", *GZIP, "--store", store, "--output", output, "--json", SPEC, **kw)
+    took = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    return Built(store, output, json.loads(done.stdout), took)
+
+
+@pytest.fixture(scope="session")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    work = tmp_path_factory.mktemp("quickstart")
+    return build_into(work / "store-a", work / "out-a")
+
+
+def layer_digests(manifest: dict[str, Any]) -> dict[str, str]:
+    return {layer["name"]: layer["digest"] for layer in manifest["layers"]}
+
+
+def test_the_build_writes_layout_archive_and_manifest(quickstart: Built) -> None:
+    m = quickstart.manifest
+    out = quickstart.output
+    assert (out / "oci" / "oci-layout").is_file()
+    index = json.loads((out / "oci" / "index.json").read_text())
+    assert index["manifests"][0]["digest"] == m["image"]
+    assert (out / "docker-archive.tar").is_file()
+    on_disk = json.loads((out / "build-manifest.json").read_text())
+    assert on_disk == m
+    assert (out / "build-manifest.json").read_text().endswith("}\n")
+    kinds = [layer["kind"] for layer in m["layers"]]
+    assert kinds[0] == "base" and "venv" in kinds
+    held = {d for layer in m["layers"] for d in layer["distributions"]}
+    assert "rich==13.9.4" in held and "requests==2.32.3" in held
+    lock_bytes = (REPO / "lockfiles" / "quickstart.pylock.toml").read_bytes()
+    assert m["lock_hash"] == hashlib.sha256(lock_bytes).hexdigest()
+    assert m["spec_hash"] == load_spec(SPEC).spec_hash()
+
+
+def test_two_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) -> None:
+    """Another store, later, with umask 077, TZ=Asia/Tokyo, another HOME and cwd."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "TZ": "Asia/Tokyo", "HOME": str(elsewhere), "LC_ALL": "C"}
+    env.pop("ENVBUILD_STORE", None)
+    env["PYTHONPATH"] = str(REPO)
+    second = build_into(
+        tmp_path / "store-b", tmp_path / "out-b", cwd=elsewhere, env=env, umask="077"
+    )
+    assert second.manifest["image"] == quickstart.manifest["image"]
+    assert layer_digests(second.manifest) == layer_digests(quickstart.manifest)
+    assert second.manifest == quickstart.manifest
+    blobs_a = sorted(p.name for p in (quickstart.output / "oci/blobs/sha256").iterdir())
+    blobs_b = sorted(p.name for p in (second.output / "oci/blobs/sha256").iterdir())
+    assert blobs_a == blobs_b
+    assert (quickstart.output / "docker-archive.tar").read_bytes() == (
+        second.output / "docker-archive.tar"
+    ).read_bytes()
+
+
+def test_a_no_op_rebuild_repacks_nothing(quickstart: Built, cli: Callable[..., CliResult]) -> None:
+    drv = quickstart.store / "drv"
+    before = {p.name: p.stat().st_mtime_ns for p in drv.iterdir()}
+    blobs = sorted(p.name for p in (quickstart.store / "blobs/sha256").iterdir())
+    start = time.perf_counter()
+    again = cli("build", *GZIP, "--store", quickstart.store, "--output", quickstart.output, SPEC)
+    took = time.perf_counter() - start
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.strip().splitlines()[-1] == quickstart.manifest["image"]
+    assert "(0 rebuilt)" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in drv.iterdir()} == before
+    assert sorted(p.name for p in (quickstart.store / "blobs/sha256").iterdir()) == blobs
+    assert took < 10, f"a no-op rebuild took {took:.1f} s"
+
+
+def test_skopeo_and_umoci_accept_the_image(quickstart: Built, tmp_path: Path) -> None:
+    for tool in ("skopeo", "umoci"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed (scripts/test installs it)")
+    layout = quickstart.output / "oci"
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--raw", f"oci:{layout}:quickstart"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"sha256:{hashlib.sha256(raw.encode()).hexdigest()}" == quickstart.manifest["image"]
+    info = json.loads(
+        subprocess.run(
+            ["skopeo", "inspect", f"oci:{layout}:quickstart"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert info["Labels"]["dev.envbuild.spec"] == "quickstart"
+    assert info["Labels"]["dev.envbuild.lock-hash"] == quickstart.manifest["lock_hash"]
+    bundle = tmp_path / "bundle"
+    subprocess.run(
+        ["umoci", "unpack", "--image", f"{layout}:quickstart", str(bundle)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rootfs = bundle / "rootfs"
+    script = rootfs / "opt/venv/bin/pygmentize"
+    assert script.read_text().startswith("#!/opt/venv/bin/python\n")
+    assert os.readlink(rootfs / "opt/venv/bin/python") == "/usr/bin/python3"
+    assert (rootfs / "usr/bin/python3").exists()
+    cfg = (rootfs / "opt/venv/pyvenv.cfg").read_text()
+    assert "home = /usr/bin" in cfg
+
+
+@pytest.mark.docker
+def test_docker_runs_the_image_offline(
+    quickstart: Built,
+    docker_host: str,
+    cli: Callable[..., CliResult],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    loaded = cli("load", quickstart.output)
+    assert loaded.exit_code == 0, loaded.stderr
+    env = {**os.environ, "DOCKER_HOST": docker_host}
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            ["docker", "run", "--rm", "--network", "none", "envbuild/quickstart:latest", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "quickstart ok" in run()
+    out = run(
+        "sh",
+        "-c",
+        "pygmentize -V && python -c "
+        "'import sys, requests, rich; print(sys.prefix, requests.__version__)'",
+    )
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("Pygments version 2.19.1")
+    assert lines[1].split() == ["/opt/venv", "2.32.3"]
+
+
+def test_bumping_one_small_package_rebuilds_only_its_layer(
+    quickstart: Built, repo: Path, cli: Callable[..., CliResult]
+) -> None:
+    spec = repo / "specs" / "quickstart.toml"
+    spec.write_text(SPEC.read_text().replace('rich = "==13.9.4"', 'rich = "==13.9.3"'))
+    loaded = load_spec(spec)
+    lock_spec(loaded)
+    out = repo / "images" / "bumped"
+    result = cli("build", *GZIP, "--store", quickstart.store, "--output", out, "--json", spec)
+    assert result.exit_code == 0, result.stderr
+    bumped = result.json()
+    old, new = layer_digests(quickstart.manifest), layer_digests(bumped)
+    assert old.keys() == new.keys()
+    changed = sorted(name for name in old if old[name] != new[name])
+    holding = [
+        layer["name"] for layer in bumped["layers"] if "rich==13.9.3" in layer["distributions"]
+    ]
+    assert changed == holding and len(holding) == 1
+    assert bumped["image"] != quickstart.manifest["image"]
