@@ -11,7 +11,7 @@ from envbuild.apply import host as hostmod
 from envbuild.apply.manage import rollback
 from envbuild.cli import render
 from envbuild.cli.apply import _interrupt, add_root_flags
-from envbuild.errors import ExitCode
+from envbuild.errors import ExitCode, UsageError
 
 
 def register(sub: Any) -> None:
@@ -23,17 +23,21 @@ def register(sub: Any) -> None:
         "back.",
     )
     add_root_flags(p)
-    p.add_argument("--to", type=int, metavar="N", help="the generation (default: the one before)")
+    p.add_argument("n", type=int, nargs="?", metavar="N", help="the generation to switch to")
+    p.add_argument("--to", type=int, metavar="N", help="the same as N")
     p.add_argument("--health-timeout", type=float, default=1800.0, metavar="SECONDS")
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.n is not None and args.to is not None and args.n != args.to:
+        raise UsageError(f"rollback to {args.n} or to {args.to}? give N once")
+    to = args.n if args.n is not None else args.to
     host = hostmod.real_host(Path(args.root))
     old = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = rollback(host, to=args.to, wait=args.wait, health_timeout=args.health_timeout)
+        result = rollback(host, to=to, wait=args.wait, health_timeout=args.health_timeout)
     finally:
         signal.signal(signal.SIGTERM, old)
     if args.json:

@@ -101,5 +101,9 @@ def test_rollback_mistakes(cli, experiment: Experiment, machine: Machine) -> Non
     assert r.exit_code == 2 and "there is no generation 9" in r.stderr
     r = cli("rollback", "--root", machine.root, "--to", "1")
     assert r.exit_code == 2 and "already current" in r.stderr
+    r = cli("rollback", "1", "--root", machine.root)
+    assert r.exit_code == 2 and "already current" in r.stderr
+    r = cli("rollback", "1", "--to", "2", "--root", machine.root)
+    assert r.exit_code == 2 and "give N once" in r.stderr
     r = cli("generations", "--root", machine.root, "--gc", "--keep", "-1")
     assert r.exit_code == 2
