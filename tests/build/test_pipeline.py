@@ -1,0 +1,231 @@
+"""The whole build pipeline offline: a tiny rootfs tarball base, real tiny wheels served as
+``file://`` URLs from a lock written with the lock's own models, real uv, tar and zstd.
+
+Covers what needs no network: overlaps refused and resolved, a hash mismatch stopping the fetch
+stage with the store left clean, one big distribution giving one layer digest in two images, and
+a no-op rebuild that packs nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from conftest import CliResult
+from support.wheels import make_wheel, ref
+
+from envbuild.fsio import sha256_file
+from envbuild.install import WheelRef
+from envbuild.layers import open_uncompressed
+from envbuild.lock import dumps, lock_path
+from envbuild.lock.model import (
+    EnvbuildLock,
+    Hashes,
+    Index,
+    Lock,
+    LockedFile,
+    LockedPackage,
+    RootfsBaseLock,
+    ToolTable,
+)
+from envbuild.plan import BIG_BYTES
+from envbuild.spec import load_spec
+from envbuild.store import Store
+
+Build = Callable[..., CliResult]
+
+
+def rootfs(repo: Path) -> Path:
+    """A tiny root file system: a few directories and one file, as a tarball."""
+    path = repo / "rootfs.tar"
+    with tarfile.open(path, "w") as tf:
+        for d in ("usr", "usr/bin", "etc"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(info)
+        data = b"tiny\n"
+        info = tarfile.TarInfo("etc/hostname")
+        info.size, info.mode = len(data), 0o644
+        tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def write_project(
+    repo: Path,
+    name: str,
+    wheels: list[WheelRef],
+    extra: str = "",
+    *,
+    lie: str | None = None,
+) -> Path:
+    """A spec with a rootfs base and its lock naming ``wheels`` (``lie``: a wrong sha256 for it)."""
+    base = repo / "rootfs.tar"
+    if not base.exists():
+        rootfs(repo)
+    spec = repo / "specs" / f"{name}.toml"
+    spec.write_text(
+        '[base]\nkind = "rootfs"\npath = "../rootfs.tar"\n'
+        f'sha256 = "{sha256_file(base)}"\n'
+        '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
+        '[image]\ncmd = ["python3"]\n'
+        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n" + extra
+    )
+    loaded = load_spec(spec)
+    packages = [
+        LockedPackage(
+            name=w.canonical,
+            version=w.version,
+            wheels=[
+                LockedFile(
+                    name=w.filename,
+                    url=w.url,
+                    size=w.size,
+                    hashes=Hashes(sha256="0" * 64 if w.canonical == lie else w.sha256),
+                )
+            ],
+        )
+        for w in sorted(wheels)
+    ]
+    lock = Lock(
+        requires_python="==3.11.*",
+        packages=packages,
+        tool=ToolTable(
+            envbuild=EnvbuildLock(
+                spec=loaded.name,
+                spec_hash=loaded.spec_hash(),
+                python="3.11",
+                platform="manylinux_2_36_x86_64",
+                exclude_newer=datetime(2025, 1, 1, tzinfo=UTC),
+                indexes=[Index(name="default", url="https://pypi.org/simple")],
+                requirements=sorted(f"{w.canonical}=={w.version}" for w in wheels),
+                base=RootfsBaseLock(kind="rootfs", path="rootfs.tar", sha256=sha256_file(base)),
+            )
+        ),
+    )
+    path = lock_path(loaded)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(dumps(lock, spec_file=f"specs/{name}.toml"))
+    return spec
+
+
+@pytest.fixture
+def overlapping(repo: Path) -> list[WheelRef]:
+    d = repo / "wheels"
+    return [
+        ref(make_wheel(d, "cuda-bindings", "13.5.0", {"cuda/bindings.py": "NEW = 13\n"})),
+        ref(make_wheel(d, "cuda-python", "12.6.2", {"cuda/bindings.py": "OLD = 12\n"})),
+        ref(
+            make_wheel(
+                d,
+                "hello-tool",
+                "1.0",
+                {"hello_tool.py": "def main(): pass\n"},
+                scripts={"hello": "hello_tool:main"},
+            )
+        ),
+    ]
+
+
+def build(cli: Build, repo: Path, spec: Path, *args: str) -> CliResult:
+    return cli("build", "--store", repo / "store", "--output", repo / "out", *args, spec)
+
+
+def members(store: Store, digest: str, media_type: str) -> dict[str, bytes]:
+    out = {}
+    with (
+        open_uncompressed(store.blob_path(digest), media_type) as f,
+        tarfile.open(fileobj=f, mode="r|") as tf,
+    ):
+        for m in tf:
+            fh = tf.extractfile(m) if m.isfile() else None
+            out[m.name] = fh.read() if fh else b""
+    return out
+
+
+def test_an_unresolved_overlap_stops_the_build(
+    repo: Path, overlapping: list[WheelRef], cli: Build
+) -> None:
+    spec = write_project(repo, "clash", overlapping)
+    result = build(cli, repo, spec)
+    assert result.exit_code == 2
+    assert "fetch: cuda-bindings and cuda-python both install 1 path(s)" in result.stderr
+    assert "lib/python3.11/site-packages/cuda/bindings.py" in result.stderr
+    assert '[image.overlaps] "cuda-bindings" = "cuda-python"' in result.stderr
+    store = Store(repo / "store")
+    assert not [k for k in store.derivations() if store.lookup(k).kind == "layer"]  # type: ignore[union-attr]
+    assert not (repo / "out").exists()
+
+
+def test_the_spec_decides_which_distribution_wins(
+    repo: Path, overlapping: list[WheelRef], cli: Build
+) -> None:
+    spec = write_project(
+        repo, "settled", overlapping, '[image.overlaps]\n"cuda-python" = "cuda-bindings"\n'
+    )
+    result = build(cli, repo, spec, "--json")
+    assert result.exit_code == 0, result.stderr
+    manifest = result.json()
+    assert manifest["overlaps"] == [
+        {
+            "distributions": ["cuda-bindings", "cuda-python"],
+            "paths": ["lib/python3.11/site-packages/cuda/bindings.py"],
+            "winner": "cuda-bindings",
+        }
+    ]
+    store = Store(repo / "store")
+    path = "opt/venv/lib/python3.11/site-packages/cuda/bindings.py"
+    holders = {}
+    for layer in manifest["layers"]:
+        files = members(store, layer["digest"], layer["media_type"])
+        if path in files:
+            holders[layer["name"]] = files[path]
+        if "hello-tool==1.0" in layer["distributions"]:
+            assert files["opt/venv/bin/hello"].startswith(b"#!/opt/venv/bin/python\n")
+        if layer["kind"] == "base":
+            assert "etc/hostname" in files
+    assert list(holders.values()) == [b"NEW = 13\n"]
+    loser = next(x for x in manifest["layers"] if "cuda-python==12.6.2" in x["distributions"])
+    assert loser["leaves_out"] == {"cuda-python": ["lib/python3.11/site-packages/cuda/bindings.py"]}
+
+
+def test_a_hash_mismatch_fails_the_fetch_and_leaves_the_store_clean(
+    repo: Path, overlapping: list[WheelRef], cli: Build
+) -> None:
+    spec = write_project(repo, "liar", overlapping[2:], lie="hello-tool")
+    result = build(cli, repo, spec)
+    assert result.exit_code == 3
+    assert "\nerror: fetch: hello_tool-1.0-py3-none-any.whl: got " in result.stderr
+    store = Store(repo / "store")
+    assert not list(store.tmp.iterdir())
+    assert not store.blob_path("sha256:" + "0" * 64).exists()
+
+
+def test_a_big_distribution_is_one_layer_in_every_image(repo: Path, cli: Build) -> None:
+    d = repo / "wheels"
+    # incompressible content so the wheel is big, as torch's is
+    big = ref(make_wheel(d, "bigdist", "2.0", {"bigdist/blob.bin": _random(BIG_BYTES + 1024)}))
+    a = ref(make_wheel(d, "only-a", "1.0", {"only_a.py": "A = 1\n"}))
+    b = ref(make_wheel(d, "only-b", "1.0", {"only_b.py": "B = 1\n"}))
+    first = build(cli, repo, write_project(repo, "img-a", [big, a]), "--json")
+    assert first.exit_code == 0, first.stderr
+    second = build(cli, repo, write_project(repo, "img-b", [big, b]), "--json")
+    assert second.exit_code == 0, second.stderr
+    layer_a = next(x for x in first.json()["layers"] if x["name"] == "bigdist")
+    layer_b = next(x for x in second.json()["layers"] if x["name"] == "bigdist")
+    assert layer_a == layer_b
+    assert first.json()["image"] != second.json()["image"]
+    # the second image found the layer in the store: a no-op rebuild of it packs nothing
+    again = build(cli, repo, write_project(repo, "img-b", [big, b]))
+    assert again.exit_code == 0, again.stderr
+    assert "(0 rebuilt)" in again.stderr
+    assert again.stdout.strip() == second.json()["image"]
+
+
+def _random(n: int) -> bytes:
+    import random
+
+    return random.Random(0).randbytes(n)
