@@ -24,15 +24,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Literal, cast
+from typing import IO, Any, cast
 
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import __version__, image, layers
+from envbuild import layers
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fetch import fetch_wheels
-from envbuild.fsio import canonical_json, sha256_file, write_atomic
+from envbuild.fsio import canonical_json, sha256_file
 from envbuild.install import (
     INSTALL_FORMAT,
     VenvTarget,
@@ -46,6 +45,7 @@ from envbuild.install import (
 )
 from envbuild.lock import Lock, lock_path, read_lock
 from envbuild.lock.model import DebianBaseLock
+from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, write_outputs
 from envbuild.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -65,7 +65,6 @@ from envbuild.store import Output, Store
 
 log = logging.getLogger("envbuild.build")
 
-MANIFEST_FORMAT = 1
 #: Layer compression unless asked otherwise: zstd packs several times faster than gzip; gzip is
 #: read by every tool (umoci 0.4, Docker before 23).
 COMPRESSION = layers.Compression.ZSTD
@@ -235,52 +234,6 @@ def _plan_base(loaded: LoadedSpec, lock: Lock, pack: dict[str, str | int]) -> Pl
     )
 
 
-# --- the build manifest -----------------------------------------------------------------------
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BuiltLayer(_Model):
-    name: str
-    kind: str
-    key: str = Field(description="the derivation key the layer is stored under ('' for a base)")
-    digest: str
-    diff_id: str
-    size: int
-    media_type: str
-    distributions: list[str] = Field(description="name==version of what the layer holds")
-    leaves_out: dict[str, list[str]] = Field(default_factory=dict)
-
-
-class BuildManifest(_Model):
-    """What ``envbuild build`` made, as ``images/<spec>/build-manifest.json`` (canonical JSON)."""
-
-    format: Literal[1] = 1
-    generator: str
-    spec: str
-    spec_hash: str
-    lock_hash: str
-    base: dict[str, Any]
-    source_date_epoch: int
-    layers: list[BuiltLayer]
-    overlaps: list[dict[str, Any]] = Field(default_factory=list)
-    config: str = Field(description="digest of the image config")
-    image: str = Field(description="digest of the image manifest: the image's digest")
-    outputs: dict[str, str] = Field(description="files written, relative to the output dir")
-
-
-@dataclass
-class BaseResult:
-    """The base stage's answer: its layers, config and history, and what to record about it."""
-
-    layers: list[layers.Layer]
-    config: image.ImageConfig
-    history: list[image.History]
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 @dataclass
 class BuildResult:
     manifest: BuildManifest | None
@@ -354,7 +307,7 @@ def build(
                 built[layer.name] = got
                 (result.reused if reused else result.rebuilt).append(layer.name)
         with stage("image", timings):
-            manifest = _image_stage(plan, store, base, built, overlaps, out)
+            manifest = write_outputs(plan, store, base, built, overlaps, out)
         with stage("root", timings):
             store.set_root(
                 f"image-{plan.spec}",
@@ -572,97 +525,3 @@ def _debian_resolution(
 
     drv = store.build("debian-resolution", inputs, builder).drv
     return DebianBaseLock.model_validate_json(store.read_blob(drv.outputs["lock"]))
-
-
-# --- the image --------------------------------------------------------------------------------
-
-OCI_DIR = "oci"
-MANIFEST_FILE = "build-manifest.json"
-
-
-def _image_stage(
-    plan: Plan,
-    store: Store,
-    base: BaseResult,
-    built: dict[str, BuiltLayer],
-    overlaps: list[dict[str, Any]],
-    out: Path,
-) -> BuildManifest:
-    ours = [built[layer.name] for layer in plan.layers]
-    mine = [_as_layer(store, b) for b in ours]
-    config = image.ImageConfig(
-        env=plan.config.env,
-        cmd=plan.config.cmd,
-        entrypoint=plan.config.entrypoint,
-        labels=plan.config.labels,
-        workdir=plan.config.workdir,
-    ).merged_over(base.config)
-    history = [
-        *base.history,
-        *(
-            image.History(created_by=f"envbuild {layer.kind} {layer.name}", comment=layer.key)
-            for layer in plan.layers
-        ),
-    ]
-    img = image.write_image(store, layers=[*base.layers, *mine], config=config, history=history)
-    base_built = [
-        BuiltLayer(
-            name=f"base-{i}" if len(base.layers) > 1 else "base",
-            kind="base",
-            key=str(base.info.get("key", "")) if i == 0 else "",
-            digest=x.digest,
-            diff_id=x.diff_id,
-            size=x.size,
-            media_type=x.media_type,
-            distributions=[],
-        )
-        for i, x in enumerate(base.layers)
-    ]
-    outputs = {
-        "oci_layout": OCI_DIR,
-        "docker_archive": image.DOCKER_ARCHIVE,
-        "manifest": MANIFEST_FILE,
-    }
-    manifest = BuildManifest(
-        generator=f"envbuild {__version__}",
-        spec=plan.spec,
-        spec_hash=plan.spec_hash,
-        lock_hash=plan.lock_hash,
-        base={"kind": plan.base.kind, "description": plan.base.description, **base.info},
-        source_date_epoch=plan.source_date_epoch,
-        layers=[*base_built, *ours],
-        overlaps=overlaps,
-        config=img.config_digest,
-        image=img.manifest_digest,
-        outputs=outputs,
-    )
-    if _up_to_date(out, manifest):
-        log.debug("%s is up to date", out)
-        return manifest
-    image.write_oci_layout(store, img, out / OCI_DIR, ref_name=plan.spec)
-    image.write_docker_archive(
-        store, img, out / image.DOCKER_ARCHIVE, repo_tags=[f"envbuild/{plan.spec}:latest"]
-    )
-    write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
-    return manifest
-
-
-def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
-    """The output dir already holds this very image (a no-op rebuild writes nothing)."""
-    try:
-        old = json.loads((out / MANIFEST_FILE).read_bytes())
-    except (OSError, ValueError):
-        return False
-    return (
-        old == json.loads(canonical_json(manifest.model_dump(mode="json")))
-        and (out / OCI_DIR / "index.json").is_file()
-        and (out / image.DOCKER_ARCHIVE).is_file()
-    )
-
-
-def _as_layer(store: Store, b: BuiltLayer) -> layers.Layer:
-    drv = store.lookup(b.key)
-    if drv is None:
-        raise EnvironmentFailure(f"layer {b.name} ({b.key[:12]}) vanished from the store")
-    fields = {k: drv.meta[k] for k in layers.Layer.model_fields if k in drv.meta}
-    return layers.Layer.model_validate(fields)

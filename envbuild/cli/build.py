@@ -147,7 +147,7 @@ class _RichTask(Task):
     def __init__(self, owner: RichProgress, description: str, total: int | None, unit: str) -> None:
         super().__init__(description, total, unit=unit)
         self._owner = owner
-        self._id = owner.bars.add_task(description, total=total)
+        self._id = owner.bars.add_task(description, total=total, unit=unit)
 
     def _update(self) -> None:
         self._owner.bars.update(self._id, completed=self.completed)
@@ -171,12 +171,21 @@ class RichProgress(Progress):
         from rich.progress import (
             Progress as Bars,
         )
+        from rich.text import Text
+
+        class Bytes(DownloadColumn):
+            def render(self, task: Any) -> Text:
+                return super().render(task) if task.fields.get("unit") == "B" else Text("")
+
+        class Speed(TransferSpeedColumn):
+            def render(self, task: Any) -> Text:
+                return super().render(task) if task.fields.get("unit") == "B" else Text("")
 
         self.bars = Bars(
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
+            Bytes(),
+            Speed(),
             TimeElapsedColumn(),
             console=Console(file=sys.stderr),
             transient=True,

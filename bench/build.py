@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Benchmark of `envbuild build` against plain tar/zstd/gzip and `docker build` (not a test).
+
+    python3 bench/build.py                   # cpu-stack image, envbuild vs docker (vfs engine)
+    python3 bench/build.py --kimi            # also the real kimi-nvfp4 lock (4.3 GB of wheels)
+    python3 bench/build.py --no-docker       # envbuild and packing only
+
+What it measures, in one run on this machine (results as JSON in WORK/results.json and a markdown
+table on stdout, for bench/RESULTS.md):
+
+* envbuild cold build into an empty store, split into download (fetch), base (mmdebstrap),
+  install (uv), pack (tar + compress + hash) and image (config, layout, docker archive);
+* packing MB/s of the biggest layer's tree: envbuild (zstd, gzip, none) against
+  ``tar --sort=name | zstd -T0 -3``, ``| pigz -6`` and ``| gzip -6`` over the same files, and
+  sha256 alone (the hash part);
+* the warm no-op rebuild (median of ``--runs``);
+* a one-package bump (tqdm 4.67.1 -> 4.67.0; relocked, not timed): time and bytes rebuilt;
+* ``docker build`` of ``envbuild dockerfile`` on a private dockerd (vfs, classic builder): two
+  cold builds (same image ID?), a cached no-op, the same bump. The build gets the proxy variables
+  and the CA bundle through build args (bench only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from envbuild import build as build_mod  # noqa: E402
+from envbuild import layers  # noqa: E402
+from envbuild.dockerfile import render_dockerfile  # noqa: E402
+from envbuild.install import VenvTarget, install  # noqa: E402
+from envbuild.lock import lock_path, lock_spec  # noqa: E402
+from envbuild.spec import load_spec  # noqa: E402
+from envbuild.store import Store  # noqa: E402
+
+MB = 1e6
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def timed(into: dict[str, float], key: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[key] = into.get(key, 0.0) + time.perf_counter() - start
+
+
+def make_repo(work: Path, spec: Path, extra: str = "", lockfile: Path | None = None) -> Path:
+    """A throwaway repository holding a copy of ``spec`` (and the files it extends)."""
+    repo = work / f"repo-{spec.stem}"
+    shutil.rmtree(repo, ignore_errors=True)
+    (repo / ".git").mkdir(parents=True)
+    shutil.copytree(spec.parent, repo / "specs")
+    target = repo / "specs" / spec.name
+    target.write_text(target.read_text() + extra)
+    if lockfile is not None:
+        # reuse a committed lock; only its spec hash changes with ``extra`` (bench only)
+        loaded = load_spec(target)
+        text = lockfile.read_text()
+        text = re.sub(
+            r'^spec-hash = "[0-9a-f]{64}"$', f'spec-hash = "{loaded.spec_hash()}"', text, flags=re.M
+        )
+        dest = lock_path(loaded)
+        dest.parent.mkdir(parents=True)
+        dest.write_text(text)
+    else:
+        lock_spec(load_spec(target))
+    return target
+
+
+def envbuild_build(
+    spec: Path, store: Path, out: Path
+) -> tuple[build_mod.BuildResult, dict[str, float]]:
+    """One build in-process with install and pack timed separately."""
+    parts: dict[str, float] = {}
+    real_install, real_pack = build_mod.install, build_mod.pack
+
+    def install_timed(*a: Any, **kw: Any) -> Any:
+        with timed(parts, "install"):
+            return real_install(*a, **kw)
+
+    def pack_timed(*a: Any, **kw: Any) -> Any:
+        with timed(parts, "pack"):
+            return real_pack(*a, **kw)
+
+    build_mod.install, build_mod.pack = install_timed, pack_timed  # type: ignore[assignment]
+    try:
+        start = time.perf_counter()
+        result = build_mod.build(load_spec(spec), store=Store(store), output=out)
+        parts["total"] = time.perf_counter() - start
+    finally:
+        build_mod.install, build_mod.pack = real_install, real_pack  # type: ignore[assignment]
+    for key, value in result.timings.items():
+        parts[f"stage:{key}"] = value
+    return result, parts
+
+
+def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kw)
+
+
+# --- envbuild -----------------------------------------------------------------------------------
+
+
+def bench_envbuild(
+    spec: Path, work: Path, runs: int, bump: tuple[str, str] | None
+) -> dict[str, Any]:
+    name = spec.stem
+    store, out = work / f"store-{name}", work / f"out-{name}"
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    log(f"{name}: cold build into an empty store")
+    result, cold = envbuild_build(spec, store, out)
+    assert result.manifest is not None
+    m = result.manifest
+    layer_bytes = sum(x.size for x in m.layers)
+    res: dict[str, Any] = {
+        "image": m.image,
+        "layers": len(m.layers),
+        "compressed_bytes": layer_bytes,
+        "cold": cold,
+    }
+    staged = sum(
+        int(Store(store).lookup(x.key).meta.get("file_bytes", 0))  # type: ignore[union-attr]
+        for x in m.layers
+        if x.kind != "base"
+    )
+    res["installed_bytes"] = staged
+    log(f"{name}: cold {cold['total']:.1f} s, {staged / MB:.0f} MB installed")
+    noop = []
+    for _ in range(runs):
+        r, t = envbuild_build(spec, store, out)
+        assert r.manifest is not None and r.manifest.image == m.image and not r.rebuilt
+        noop.append(t["total"])
+    res["noop_s"] = noop
+    res["noop_median_s"] = statistics.median(noop)
+    log(f"{name}: no-op median {res['noop_median_s']:.3f} s")
+    if bump:
+        pkg, version = bump
+        text = spec.read_text()
+        bumped_text = re.sub(
+            rf'^{re.escape(pkg)} = "[^"]*"', f'{pkg} = "=={version}"', text, flags=re.M
+        )
+        assert bumped_text != text, f"{pkg} is not pinned in {spec}"
+        spec.write_text(bumped_text)
+        lock_spec(load_spec(spec))
+        r2, t2 = envbuild_build(spec, store, out)
+        assert r2.manifest is not None
+        before = {x.name: x.digest for x in m.layers}
+        changed = [x for x in r2.manifest.layers if before.get(x.name) != x.digest]
+        res["bump"] = {
+            "package": f"{pkg}=={version}",
+            "seconds": t2["total"],
+            "rebuilt_layers": r2.rebuilt,
+            "changed_layers": [x.name for x in changed],
+            "bytes_rebuilt": sum(x.size for x in changed),
+            "timings": t2,
+        }
+        spec.write_text(text)
+        lock_spec(load_spec(spec))
+        log(f"{name}: bump {pkg} -> {t2['total']:.1f} s, layers {r2.rebuilt}")
+    res["store"] = str(store)
+    return res
+
+
+# --- packing --------------------------------------------------------------------------------------
+
+
+def biggest_dist_tree(spec: Path, store_dir: Path, work: Path) -> tuple[Path, str]:
+    """Install the biggest planned distribution into a fresh staging tree."""
+    loaded = load_spec(spec)
+    lock, lock_hash = build_mod.load_lock(loaded)
+    plan = build_mod.make_plan(loaded, lock, lock_hash=lock_hash)
+    big = max((x for x in plan.layers if x.dists), key=lambda x: x.wheel_bytes)
+    store = Store(store_dir)
+    root = work / "pack-tree"
+    shutil.rmtree(root, ignore_errors=True)
+    t = plan.target
+    target = VenvTarget(
+        str(t["venv"]), str(t["interpreter"]), str(t["python_version"]), t.get("platform")
+    )
+    refs = [(d.ref(""), store.blob_path(f"sha256:{d.sha256}")) for d in big.dists]
+    install(refs, target, root)
+    return root, big.name
+
+
+def bench_packing(tree: Path, work: Path, runs: int) -> dict[str, Any]:
+    scratch = Store(work / "pack-store")
+    size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
+    res: dict[str, Any] = {"tree_bytes": size}
+
+    def best(fn: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(runs):
+            shutil.rmtree(scratch.root, ignore_errors=True)
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    tar_bytes = 0
+
+    def envbuild_pack(c: layers.Compression) -> Callable[[], Any]:
+        def go() -> None:
+            nonlocal tar_bytes
+            got = layers.layer_from_tree(scratch, tree, compression=c, mtime=0)
+            tar_bytes = got.uncompressed_size
+
+        return go
+
+    for c in (layers.Compression.NONE, layers.Compression.ZSTD, layers.Compression.GZIP):
+        res[f"envbuild_{c.value}_s"] = best(envbuild_pack(c))
+    res["tar_bytes"] = tar_bytes
+    tar = f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C {tree} ."
+    for label, cmd in (
+        ("tar_only", f"{tar} > /dev/null"),
+        ("tar_zstd", f"{tar} | zstd -T0 -3 -q -c > {work}/peer.out"),
+        ("tar_pigz", f"{tar} | pigz -6 -n -c > {work}/peer.out"),
+        ("tar_gzip", f"{tar} | gzip -6 -n -c > {work}/peer.out"),
+    ):
+        res[f"{label}_s"] = best(lambda cmd=cmd: subprocess.run(["sh", "-c", cmd], check=True))
+    blob = work / "peer.tar"
+    subprocess.run(["sh", "-c", f"{tar} > {blob}"], check=True)
+
+    def sha() -> None:
+        h = hashlib.sha256()
+        with blob.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+
+    res["sha256_s"] = best(sha)
+    blob.unlink()
+    for key in [k for k in res if k.endswith("_s")]:
+        res[key.removesuffix("_s") + "_MBps"] = tar_bytes / MB / res[key]
+    shutil.rmtree(scratch.root, ignore_errors=True)
+    return res
+
+
+# --- docker -----------------------------------------------------------------------------------
+
+
+def bench_docker(spec: Path, work: Path, bump: tuple[str, str]) -> dict[str, Any]:
+    from support.dockerd import private_dockerd
+
+    res: dict[str, Any] = {}
+    ctx = work / "docker-ctx"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ctx.mkdir()
+    base_ctx = work / "docker-base"
+    shutil.rmtree(base_ctx, ignore_errors=True)
+    base_ctx.mkdir()
+    ca = os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
+    with private_dockerd() as host:
+        env = {**os.environ, "DOCKER_HOST": host, "DOCKER_BUILDKIT": "0"}
+        log("docker: a Debian bookworm minbase image as debian:bookworm (not timed)")
+        rootfs = base_ctx / "rootfs.tar"
+        run(
+            [
+                "mmdebstrap",
+                "--variant=minbase",
+                "--mode=root",
+                "--format=tar",
+                "bookworm",
+                str(rootfs),
+                "http://deb.debian.org/debian",
+            ]
+        )
+        run(["docker", "import", str(rootfs), "debian:bookworm-plain"], env=env)
+        shutil.copy(ca, base_ctx / "ca.pem")
+        (base_ctx / "Dockerfile").write_text(
+            "FROM debian:bookworm-plain\nCOPY ca.pem /etc/envbuild-ca.pem\n"
+        )
+        run(["docker", "build", "-q", "-t", "debian:bookworm", str(base_ctx)], env=env)
+        build_args = ["--build-arg", "SSL_CERT_FILE=/etc/envbuild-ca.pem"]
+        for var in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY"):
+            value = os.environ.get(var) or os.environ.get(var.lower())
+            if value:
+                build_args += ["--build-arg", f"{var}={value}"]
+
+        def render(path: Path) -> None:
+            loaded = load_spec(path)
+            lock, lock_hash = build_mod.load_lock(loaded)
+            text = render_dockerfile(loaded, lock, lock_hash=lock_hash, lock_file="lock").text
+            (ctx / "Dockerfile").write_text(text)
+
+        def docker_build(tag: str, *extra: str) -> tuple[float, str]:
+            start = time.perf_counter()
+            run(
+                ["docker", "build", "--network", "host", *build_args, *extra, "-t", tag, str(ctx)],
+                env=env,
+            )
+            took = time.perf_counter() - start
+            ident = run(["docker", "image", "inspect", "-f", "{{.Id}}", tag], env=env).stdout
+            return took, ident.strip()
+
+        render(spec)
+        cold = []
+        for i in range(2):
+            log(f"docker: cold build {i + 1}")
+            took, ident = docker_build(f"bench:cold{i}", "--no-cache")
+            cold.append({"seconds": took, "image_id": ident})
+            log(f"docker: cold build {i + 1}: {took:.1f} s {ident[:19]}")
+        res["cold"] = cold
+        res["cold_same_id"] = len({c["image_id"] for c in cold}) == 1
+        took, ident = docker_build("bench:cached")
+        res["cached_noop_s"] = took
+        log(f"docker: cached no-op {took:.2f} s")
+        pkg, version = bump
+        text = spec.read_text()
+        spec.write_text(
+            re.sub(rf'^{re.escape(pkg)} = "[^"]*"', f'{pkg} = "=={version}"', text, flags=re.M)
+        )
+        lock_spec(load_spec(spec))
+        render(spec)
+        took, ident = docker_build("bench:bumped")
+        res["bump_s"] = took
+        log(f"docker: bump {took:.1f} s")
+        spec.write_text(text)
+        lock_spec(load_spec(spec))
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--work", type=Path, default=Path("/var/tmp/envbuild-bench-build"))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--kimi", action="store_true", help="also build the real kimi-nvfp4 lock")
+    ap.add_argument("--no-docker", action="store_true")
+    args = ap.parse_args()
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "command": "python3 " + " ".join(sys.argv),
+    }
+    bump = ("tqdm", "4.67.0")
+    spec = make_repo(work, REPO / "bench" / "specs" / "cpu-stack.toml")
+    results["cpu_stack"] = bench_envbuild(spec, work, args.runs, bump)
+    tree, name = biggest_dist_tree(spec, Path(results["cpu_stack"]["store"]), work)
+    log(f"packing: {name}")
+    results["packing"] = {"layer": name, **bench_packing(tree, work, 3)}
+    if args.kimi:
+        kimi = make_repo(
+            work,
+            REPO / "specs" / "kimi-nvfp4.toml",
+            extra='\n[image.overlaps]\n"cuda-python" = "cuda-bindings"\n',
+            lockfile=REPO / "lockfiles" / "kimi-nvfp4.pylock.toml",
+        )
+        results["kimi"] = bench_envbuild(kimi, work, args.runs, None)
+        tree, name = biggest_dist_tree(kimi, Path(results["kimi"]["store"]), work)
+        log(f"packing: {name}")
+        results["packing_kimi"] = {"layer": name, **bench_packing(tree, work, 2)}
+    if not args.no_docker:
+        results["docker"] = bench_docker(spec, work, bump)
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    (work / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

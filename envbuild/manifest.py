@@ -1,0 +1,166 @@
+"""The build's outputs: the image (config, manifest, OCI layout, docker archive) and the build
+manifest that records it (``images/<spec>/build-manifest.json``, canonical JSON).
+
+The image stage writes nothing when the output directory already holds the very image (same
+build manifest, layout and archive present): a no-op rebuild stays a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envbuild import __version__, image, layers
+from envbuild.errors import EnvironmentFailure
+from envbuild.fsio import canonical_json, write_atomic
+from envbuild.plan import Plan
+from envbuild.store import Store
+
+log = logging.getLogger("envbuild.manifest")
+
+MANIFEST_FORMAT = 1
+
+
+@dataclass
+class BaseResult:
+    """The base stage's answer: its layers, config and history, and what to record about it."""
+
+    layers: list[layers.Layer]
+    config: image.ImageConfig
+    history: list[image.History]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# --- the build manifest -----------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuiltLayer(_Model):
+    name: str
+    kind: str
+    key: str = Field(description="the derivation key the layer is stored under ('' for a base)")
+    digest: str
+    diff_id: str
+    size: int
+    media_type: str
+    distributions: list[str] = Field(description="name==version of what the layer holds")
+    leaves_out: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class BuildManifest(_Model):
+    """What ``envbuild build`` made, as ``images/<spec>/build-manifest.json`` (canonical JSON)."""
+
+    format: Literal[1] = 1
+    generator: str
+    spec: str
+    spec_hash: str
+    lock_hash: str
+    base: dict[str, Any]
+    source_date_epoch: int
+    layers: list[BuiltLayer]
+    overlaps: list[dict[str, Any]] = Field(default_factory=list)
+    config: str = Field(description="digest of the image config")
+    image: str = Field(description="digest of the image manifest: the image's digest")
+    outputs: dict[str, str] = Field(description="files written, relative to the output dir")
+
+
+# --- the image --------------------------------------------------------------------------------
+
+OCI_DIR = "oci"
+MANIFEST_FILE = "build-manifest.json"
+
+
+def write_outputs(
+    plan: Plan,
+    store: Store,
+    base: BaseResult,
+    built: dict[str, BuiltLayer],
+    overlaps: list[dict[str, Any]],
+    out: Path,
+) -> BuildManifest:
+    ours = [built[layer.name] for layer in plan.layers]
+    mine = [_as_layer(store, b) for b in ours]
+    config = image.ImageConfig(
+        env=plan.config.env,
+        cmd=plan.config.cmd,
+        entrypoint=plan.config.entrypoint,
+        labels=plan.config.labels,
+        workdir=plan.config.workdir,
+    ).merged_over(base.config)
+    history = [
+        *base.history,
+        *(
+            image.History(created_by=f"envbuild {layer.kind} {layer.name}", comment=layer.key)
+            for layer in plan.layers
+        ),
+    ]
+    img = image.write_image(store, layers=[*base.layers, *mine], config=config, history=history)
+    base_built = [
+        BuiltLayer(
+            name=f"base-{i}" if len(base.layers) > 1 else "base",
+            kind="base",
+            key=str(base.info.get("key", "")) if i == 0 else "",
+            digest=x.digest,
+            diff_id=x.diff_id,
+            size=x.size,
+            media_type=x.media_type,
+            distributions=[],
+        )
+        for i, x in enumerate(base.layers)
+    ]
+    outputs = {
+        "oci_layout": OCI_DIR,
+        "docker_archive": image.DOCKER_ARCHIVE,
+        "manifest": MANIFEST_FILE,
+    }
+    manifest = BuildManifest(
+        generator=f"envbuild {__version__}",
+        spec=plan.spec,
+        spec_hash=plan.spec_hash,
+        lock_hash=plan.lock_hash,
+        base={"kind": plan.base.kind, "description": plan.base.description, **base.info},
+        source_date_epoch=plan.source_date_epoch,
+        layers=[*base_built, *ours],
+        overlaps=overlaps,
+        config=img.config_digest,
+        image=img.manifest_digest,
+        outputs=outputs,
+    )
+    if _up_to_date(out, manifest):
+        log.debug("%s is up to date", out)
+        return manifest
+    image.write_oci_layout(store, img, out / OCI_DIR, ref_name=plan.spec)
+    image.write_docker_archive(
+        store, img, out / image.DOCKER_ARCHIVE, repo_tags=[f"envbuild/{plan.spec}:latest"]
+    )
+    write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
+    return manifest
+
+
+def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
+    """The output dir already holds this very image (a no-op rebuild writes nothing)."""
+    try:
+        old = json.loads((out / MANIFEST_FILE).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return (
+        old == json.loads(canonical_json(manifest.model_dump(mode="json")))
+        and (out / OCI_DIR / "index.json").is_file()
+        and (out / image.DOCKER_ARCHIVE).is_file()
+    )
+
+
+def _as_layer(store: Store, b: BuiltLayer) -> layers.Layer:
+    drv = store.lookup(b.key)
+    if drv is None:
+        raise EnvironmentFailure(f"layer {b.name} ({b.key[:12]}) vanished from the store")
+    fields = {k: drv.meta[k] for k in layers.Layer.model_fields if k in drv.meta}
+    return layers.Layer.model_validate(fields)
