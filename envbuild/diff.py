@@ -359,19 +359,20 @@ def compare(a: Side, b: Side) -> DiffResult:
     result = DiffResult(a.label, b.label, [])
     envs = Group("environments", "Python environments")
     result.groups.append(envs)
+    skipped: dict[str, list[str]] = {}
     for key in sorted(set(a.groups) | set(b.groups), key=_group_order):
         if key not in a.groups or key not in b.groups:
             missing, present = (a, b) if key not in a.groups else (b, a)
             title, _, facts = present.groups[key]
             if missing.kind == "build manifest" or key == "state":
-                result.not_compared.append(f"{title}: {missing.label} ({missing.kind}) has none")
+                skipped.setdefault(f"{missing.label} ({missing.kind}) has none", []).append(title)
             elif key.startswith("packages "):
                 shown = f"{facts['python'].text}, {len(facts) - 1} distributions"
                 env = key.removeprefix("packages ")
                 before, after = (None, shown) if missing is a else (shown, None)
                 envs.changes.append(Change(env, before, after))
             elif not key.startswith(("files ", "overlaps ")):
-                result.not_compared.append(f"{title}: not recorded in {missing.label}")
+                skipped.setdefault(f"not recorded in {missing.label}", []).append(title)
             continue
         title, counts, facts_a = a.groups[key]
         facts_b = b.groups[key][2]
@@ -384,7 +385,11 @@ def compare(a: Side, b: Side) -> DiffResult:
                 if None in (fa.detail, fb.detail) or fa.detail == fb.detail:
                     continue  # only the size moved: not a change of what is there
                 before, after = fa.detail, fb.detail
-            elif subject == "python" and "build manifest" in (a.kind, b.kind):
+            elif (
+                subject == "python"
+                and key.startswith("packages ")
+                and "build manifest" in (a.kind, b.kind)
+            ):
                 continue  # a build manifest that does not say its Python
             else:
                 before = fa.text if fa else None
@@ -395,6 +400,7 @@ def compare(a: Side, b: Side) -> DiffResult:
             group.changes.append(Change(subject, before, after, delta or None))
         result.groups.append(group)
     result.groups.sort(key=lambda g: _group_order(g.key))
+    result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
     return result
 
 

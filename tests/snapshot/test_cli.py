@@ -154,3 +154,21 @@ def test_snapshot_against_a_build_manifest(
     # the image folder can be recorded in a snapshot, then its layers are compared too
     with_image = take(cli, venv, tmp_path / "with-image.json", "--image", image)
     assert json.loads(with_image.read_text())["image"]["manifest"]["layers"][0]["name"] == "base"
+
+
+def test_layers_of_the_recorded_image_against_a_new_build(
+    cli: Cli, venv: Path, tmp_path: Path
+) -> None:
+    image = tmp_path / "images" / "exp"
+    image.mkdir(parents=True)
+    layer = {"name": "python", "digest": "sha256:" + "a" * 64, "size": 1000}
+    (image / "build-manifest.json").write_text(json.dumps({"layers": [layer]}))
+    snap = take(cli, venv, tmp_path / "snap.json", "--image", image)
+    rebuilt = tmp_path / "rebuilt.json"
+    rebuilt.write_text(
+        json.dumps({"layers": [{**layer, "digest": "sha256:" + "b" * 64, "size": 1500}]})
+    )
+    result = cli("diff", snap, rebuilt)
+    assert result.exit_code == 1
+    assert f"  python: sha256:{'a' * 64} → sha256:{'b' * 64}, +500 B" in result.stdout.splitlines()
+    assert cli("diff", snap, image / "build-manifest.json").exit_code == 0
