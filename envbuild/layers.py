@@ -198,17 +198,19 @@ def tree_entries(root: Path, *, prefix: str = "") -> list[Entry]:
             raise InputFileError(directory, f"cannot read the directory: {exc.strerror}") from exc
         for child in children:
             path = f"{rel}/{child.name}" if rel else child.name
-            st = child.stat(follow_symlinks=False)
-            mode = st.st_mode
-            if stat.S_ISDIR(mode):
+            if child.is_dir(follow_symlinks=False):  # d_type: no stat needed
                 found.append((os.fsencode(path), Entry(path, Kind.DIR, 0o755), None))
                 walk(directory / child.name, path)
-            elif stat.S_ISLNK(mode):
+                continue
+            if child.is_symlink():
                 target = os.readlink(child.path)
                 found.append(
                     (os.fsencode(path), Entry(path, Kind.SYMLINK, 0o777, linkname=target), None)
                 )
-            elif stat.S_ISREG(mode):
+                continue
+            st = child.stat(follow_symlinks=False)
+            mode = st.st_mode
+            if stat.S_ISREG(mode):
                 perm = 0o755 if mode & 0o111 else 0o644
                 source = directory / child.name
                 entry = Entry(path, Kind.FILE, perm, size=st.st_size, source=source)
@@ -302,26 +304,40 @@ def arrange(entries: Iterable[Entry]) -> list[Entry]:
 
 
 class Sink:
-    """Collects small writes into 1 MiB chunks for ``out`` (which must not keep the buffer)."""
+    """Collects writes into one 1 MiB buffer handed to ``out`` when full (``out`` must not keep
+    the view it gets). File contents are read straight into the buffer (:meth:`read_from`)."""
 
     def __init__(self, out: Callable[[bytes | bytearray | memoryview], None]) -> None:
         self.out = out
-        self.buf = bytearray()
+        self.buf = bytearray(CHUNK)
+        self.view = memoryview(self.buf)
+        self.fill = 0
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.size += len(data)
-        if len(self.buf) + len(data) > CHUNK:
+        n = len(data)
+        self.size += n
+        if self.fill + n > CHUNK:
             self.flush()
-        if len(data) >= CHUNK:
-            self.out(data)
-        else:
-            self.buf += data
+            if n >= CHUNK:
+                self.out(data)
+                return
+        self.view[self.fill : self.fill + n] = data
+        self.fill += n
+
+    def read_from(self, fd: int, n: int) -> int:
+        """Read up to ``n`` bytes of ``fd`` into the stream; returns how many came (0: EOF)."""
+        if self.fill == CHUNK:
+            self.flush()
+        got = os.readv(fd, [self.view[self.fill : self.fill + min(n, CHUNK - self.fill)]])
+        self.fill += got
+        self.size += got
+        return got
 
     def flush(self) -> None:
-        if self.buf:
-            self.out(self.buf)
-            self.buf = bytearray()
+        if self.fill:
+            self.out(self.view[: self.fill])
+            self.fill = 0
 
 
 @dataclass
@@ -422,11 +438,10 @@ def _copy_content(entry: Entry, sink: Sink) -> None:
             raise InputFileError(str(entry.source), f"cannot read: {exc.strerror}") from exc
         try:
             while left:
-                data = os.read(fd, min(left, CHUNK))
-                if not data:
+                got = sink.read_from(fd, left)
+                if not got:
                     break
-                sink.write(data)
-                left -= len(data)
+                left -= got
             if left or os.read(fd, 1):
                 raise _changed(entry)
         finally:
