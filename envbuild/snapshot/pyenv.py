@@ -69,7 +69,8 @@ def probe(python: str) -> Interpreter:
     """Ask ``python`` where it keeps its packages. A folder means its ``bin/python``."""
     path = Path(python)
     if path.is_dir():
-        path = path / "bin" / "python"
+        found = [path / "bin" / n for n in ("python", "python3") if (path / "bin" / n).exists()]
+        path = found[0] if found else path / "bin" / "python"
     if not os.path.lexists(path):
         raise InputFileError(python, "no such interpreter", hint="pass a python binary or a venv")
     hint = "pass the path of a Python interpreter (or of a virtual environment)"
@@ -197,8 +198,8 @@ def _check_files(
             paths.setdefault(e.abs, e.size or 0)
     if mode == "full":
         return hash_files(paths.items(), meanwhile=meanwhile)
-    meanwhile()
-    seen = {p: stat_one(p) for p in paths}
+    # stat in threads (the syscalls drop the GIL) while this thread walks site-packages
+    seen = hash_files(((p, 0) for p in paths), hasher=stat_one, meanwhile=meanwhile)
     newer: dict[str, int] = {}
     for dist in dists:
         for e in dist.entries:
