@@ -5,6 +5,7 @@ a machine with a GPU — a live snapshot checked against a live nvidia-smi."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -213,3 +214,42 @@ def test_live_snapshot_agrees_with_live_nvidia_smi() -> None:
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
     assert check_against_nvidia_smi(read_gpus(), xml_text, csv_text) >= 1
+
+
+def topo_matrix(text: str) -> dict[tuple[int, int], str]:
+    """`nvidia-smi topo -m`: GPU rows and columns → NV#/PIX/PXB/PHB/NODE/SYS."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    lines = text.splitlines()
+    header = [c for c in lines[0].split("\t") if re.fullmatch(r"GPU\d+", c.strip())]
+    out = {}
+    for row in (line.split("\t") for line in lines[1:] if re.match(r"GPU\d+\t", line)):
+        i = int(row[0].removeprefix("GPU"))
+        for j, cell in enumerate(row[1 : 1 + len(header)]):
+            out[(i, j)] = cell.strip()
+    return out
+
+
+_PCIE = {"PIX": "pcie-switch", "PXB": "pcie-switches", "PHB": "pcie-hostbridge",
+         "NODE": "numa-node", "SYS": "system"}  # fmt: skip
+
+
+def test_the_two_h200s_links_agree_with_nvidia_smi_topo() -> None:
+    """A real two-GPU machine (nvidia-h200-x2): NVML's view against `nvidia-smi topo -m`."""
+    snap = load_snapshot(FIXTURES / "h200x2-snapshot.json")
+    assert (
+        check_against_nvidia_smi(
+            snap.gpu,
+            (FIXTURES / "h200x2-nvidia-smi.xml").read_text(),
+            (FIXTURES / "h200x2-nvidia-smi.csv").read_text(),
+        )
+        == 2
+    )
+    matrix = topo_matrix((FIXTURES / "h200x2-topo.txt").read_text())
+    assert {(t.a, t.b) for t in snap.gpu.topology} == {(0, 1)}
+    for link in snap.gpu.topology:
+        cell = matrix[(link.a, link.b)]
+        if cell.startswith("NV"):
+            assert link.link == "nvlink"
+            assert snap.gpu.gpus[link.a].nvlinks_active == int(cell[2:])
+        else:
+            assert link.link == _PCIE[cell]
