@@ -204,7 +204,12 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
                     f"{r.repo_id} blob {b.blob[:16]}",
                     Fact(f"content does not match its name ({', '.join(b.files)})"),
                 )
-    if snap.spec is not None:
+    if snap.image is not None:  # what the image says it was built from ...
+        _ref_facts(side, snap.image.manifest)
+        if "image" not in side.groups.get("refs", ("", True, {}))[2]:
+            side.put("refs", "spec, lock and image", "image", Fact(snap.image.manifest_sha256))
+        _layer_facts(side, snap.image.manifest)
+    if snap.spec is not None:  # ... unless a spec was named
         side.put(
             "refs",
             "spec, lock and image",
@@ -212,11 +217,6 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
             Fact(f"{snap.spec.name} {snap.spec.spec_hash[:16]}"),
         )
         side.put("refs", "spec, lock and image", "lock", Fact(snap.spec.lock_sha256 or "none"))
-    if snap.image is not None:
-        side.put(
-            "refs", "spec, lock and image", "image build manifest", Fact(snap.image.manifest_sha256)
-        )
-        _layer_facts(side, snap.image.manifest)
     return side
 
 
@@ -266,6 +266,17 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
 
 
 def _packages_of(data: dict[str, Any]) -> dict[str, tuple[str, int | None]] | None:
+    layers = data.get("layers")
+    if "packages" not in data and isinstance(layers, list):
+        # envbuild's build manifest: each layer lists the name==version it holds
+        found: dict[str, tuple[str, int | None]] = {}
+        for layer in layers:
+            for item in layer.get("distributions", []) if isinstance(layer, dict) else []:
+                name, sep, version = str(item).partition("==")
+                if sep:
+                    found[name] = (version, None)
+        if found:
+            return found
     for holder in (data, data.get("python"), data.get("lock")):
         if not isinstance(holder, dict) or "packages" not in holder:
             continue
@@ -280,6 +291,17 @@ def _packages_of(data: dict[str, Any]) -> dict[str, tuple[str, int | None]] | No
                     out[str(p["name"])] = (str(p["version"]), size)
             return out
     return None
+
+
+def _ref_facts(side: Side, data: dict[str, Any]) -> None:
+    """What a build manifest says it was built from, and the image's digest."""
+    title = "spec, lock and image"
+    if isinstance(data.get("spec"), str) and isinstance(data.get("spec_hash"), str):
+        side.put("refs", title, "spec", Fact(f"{data['spec']} {data['spec_hash'][:16]}"))
+    if isinstance(data.get("lock_hash"), str):
+        side.put("refs", title, "lock", Fact(data["lock_hash"]))
+    if isinstance(data.get("image"), str):
+        side.put("refs", title, "image", Fact(data["image"]))
 
 
 def _layer_facts(side: Side, data: dict[str, Any]) -> None:
@@ -311,6 +333,7 @@ def build_manifest_facts(data: dict[str, Any], label: str) -> Side:
         if isinstance(python, str):
             side.put(pk, pt, "python", Fact(f"cpython {python}"))
     _layer_facts(side, data)
+    _ref_facts(side, data)
     if not side.groups:
         raise ManifestError(
             f"{label}: neither a snapshot nor a build manifest with packages or layers",
@@ -379,8 +402,8 @@ def compare(a: Side, b: Side) -> DiffResult:
         group = Group(key, title, counts)
         for subject in sorted(set(facts_a) | set(facts_b)):
             fa, fb = facts_a.get(subject), facts_b.get(subject)
-            if fa == fb:
-                continue
+            if fa == fb or (key == "refs" and None in (fa, fb)):
+                continue  # (a reference one side did not record is unknown, not absent)
             if fa is not None and fb is not None and fa.text == fb.text:
                 if None in (fa.detail, fb.detail) or fa.detail == fb.detail:
                     continue  # only the size moved: not a change of what is there
@@ -395,7 +418,8 @@ def compare(a: Side, b: Side) -> DiffResult:
                 before = fa.text if fa else None
                 after = fb.text if fb else None
             delta = None
-            if (fa and fa.size is not None) or (fb and fb.size is not None):
+            sized = [f.size for f in (fa, fb) if f is not None]
+            if None not in sized:  # a side that does not know its size gives no delta
                 delta = ((fb.size or 0) if fb else 0) - ((fa.size or 0) if fa else 0)
             group.changes.append(Change(subject, before, after, delta or None))
         result.groups.append(group)

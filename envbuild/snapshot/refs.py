@@ -18,10 +18,11 @@ BUILD_MANIFEST_NAMES = ("build-manifest.json", "build.json", "manifest.json", "i
 
 
 def spec_ref(spec: str) -> SpecRef:
+    from envbuild.lock import lock_path
     from envbuild.spec import load_spec
 
     loaded = load_spec(spec)
-    lock = loaded.root / "lockfiles" / f"{loaded.name}.pylock.toml"
+    lock = lock_path(loaded)
     return SpecRef(
         name=loaded.name,
         path=loaded.display(loaded.path),

@@ -172,3 +172,37 @@ def test_layers_of_the_recorded_image_against_a_new_build(
     assert result.exit_code == 1
     assert f"  python: sha256:{'a' * 64} → sha256:{'b' * 64}, +500 B" in result.stdout.splitlines()
     assert cli("diff", snap, image / "build-manifest.json").exit_code == 0
+
+
+def test_against_envbuild_build_manifest(cli: Cli, venv: Path, tmp_path: Path) -> None:
+    """The build manifest `envbuild build` writes (envbuild.manifest.BuildManifest): packages
+    come from its layers' name==version lists; its image digest is compared with the one a
+    snapshot recorded with --image."""
+    from envbuild.manifest import BuildManifest, BuiltLayer
+
+    def manifest(beta: str, image: str) -> BuildManifest:
+        layer = BuiltLayer(
+            name="python", kind="packages", key="k", digest="sha256:" + "a" * 64,
+            diff_id="sha256:" + "b" * 64, size=2048, media_type="tar",
+            distributions=["alpha==1.0", f"beta=={beta}"],
+        )  # fmt: skip
+        return BuildManifest(
+            generator="envbuild 0.1.0", spec="exp", spec_hash="c" * 64, lock_hash="d" * 64,
+            base={}, source_date_epoch=0, layers=[layer], config="sha256:" + "e" * 64,
+            image=image, outputs={},
+        )  # fmt: skip
+
+    image = tmp_path / "images" / "exp"
+    image.mkdir(parents=True)
+    built = manifest("1.0", "sha256:" + "1" * 64)
+    (image / "build-manifest.json").write_text(built.model_dump_json())
+    snap = take(cli, venv, tmp_path / "snap.json", "--image", image)
+    result = cli("diff", snap, image / "build-manifest.json")
+    assert result.exit_code == 0, result.stdout
+    rebuilt = tmp_path / "rebuilt.json"
+    rebuilt.write_text(manifest("1.1", "sha256:" + "2" * 64).model_dump_json())
+    result = cli("diff", snap, rebuilt)
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert "  beta: 1.0 → 1.1" in lines
+    assert f"  image: sha256:{'1' * 64} → sha256:{'2' * 64}" in lines
