@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +69,11 @@ log = logging.getLogger("envbuild.build")
 #: Layer compression unless asked otherwise: zstd packs several times faster than gzip; gzip is
 #: read by every tool (umoci 0.4, Docker before 23).
 COMPRESSION = layers.Compression.ZSTD
+#: uv's cache of unzipped wheels, inside the store's tmp/ (so `envbuild gc` clears it): a layer
+#: rebuilt after one of its distributions changed copies the others instead of unzipping them.
+UV_CACHE = "uv-cache"
+#: Layers installed and packed at once.
+WORKERS = 2
 
 
 class StageError(EnvironmentFailure):
@@ -298,12 +304,16 @@ def build(
                 )
             overlaps, leaves = _overlaps(loaded, wheels, store, target, progress)
         with stage("base", timings):
-            base = _base_stage(loaded, lock, lock_hash, store, _compression(plan), progress)
-        with stage("layers", timings):
-            for layer in plan.layers:
-                got, reused = _layer(
-                    layer, store, blobs, leaves, target, _compression(plan), progress
+            base = _base_stage(loaded, lock, store, _compression(plan), progress)
+        with stage("layers", timings), ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            jobs = {
+                layer.name: pool.submit(
+                    _layer, layer, store, blobs, leaves, target, _compression(plan), progress
                 )
+                for layer in plan.layers
+            }
+            for layer in plan.layers:
+                got, reused = jobs[layer.name].result()
                 built[layer.name] = got
                 (result.reused if reused else result.rebuilt).append(layer.name)
         with stage("image", timings):
@@ -396,7 +406,13 @@ def _layer(
             else:
                 refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
                 with progress.task(f"install {layer.name}", len(refs), unit="dists") as task:
-                    install(refs, target, root, remove={d: leaves[d] for d in left})
+                    install(
+                        refs,
+                        target,
+                        root,
+                        remove={d: leaves[d] for d in left},
+                        cache=store.tmp / UV_CACHE,
+                    )
                     task.advance(len(refs))
             packed = pack(
                 store,
@@ -483,7 +499,6 @@ def _counting_opener(path: Path, advance: Callable[[int], None]) -> Callable[[],
 def _base_stage(
     loaded: LoadedSpec,
     lock: Lock,
-    lock_hash: str,
     store: Store,
     compression: layers.Compression,
     progress: Progress,
@@ -493,7 +508,7 @@ def _base_stage(
 
     pinned = lock.envbuild.base
     if isinstance(pinned, DebianBaseLock) and not pinned.packages:
-        pinned = _debian_resolution(loaded, lock_hash, store, compression)
+        pinned = _debian_resolution(loaded, lock, store, compression)
     with progress.task(f"base {loaded.spec.base.kind}", None, unit="layers"):
         got = build_base(store, loaded, pinned, compression=compression)
     return BaseResult(
@@ -505,17 +520,20 @@ def _base_stage(
 
 
 def _debian_resolution(
-    loaded: LoadedSpec, lock_hash: str, store: Store, compression: layers.Compression
+    loaded: LoadedSpec, lock: Lock, store: Store, compression: layers.Compression
 ) -> DebianBaseLock:
     """A lock whose Debian base names no package set is resolved against the mirror once per
-    lock file and store (a derivation of the lock's hash), not at every build: a no-op rebuild
-    runs no mmdebstrap. Pinning the set in the lock itself makes it the same on every machine."""
+    store (a derivation of the base's spec and the lock's cutoff), not at every build: neither a
+    no-op rebuild nor a bumped Python package runs mmdebstrap again. Pinning the set in the lock
+    itself makes it the same on every machine."""
     from envbuild.base import debian
 
     spec_base = loaded.spec.base
+    locked = lock.envbuild
     inputs = {
-        "lock_sha256": lock_hash,
         "base": spec_base.model_dump(mode="json"),
+        "locked": locked.base.model_dump(mode="json") if locked.base else None,
+        "exclude_newer": locked.exclude_newer.isoformat(),
     }
 
     def builder() -> Output:

@@ -290,11 +290,14 @@ def install(
     *,
     remove: Mapping[str, Collection[str]] | None = None,
     uv: str | None = None,
+    cache: Path | None = None,
 ) -> Installed:
     """Install ``wheels`` (each with the path of its verified file) into ``root`` + venv.
 
     ``root`` must be empty or absent: one call makes one layer's tree. ``remove`` names, per
     distribution, venv-relative paths to leave out (the losing side of a resolved overlap).
+    ``cache`` is uv's cache directory (unzipped wheels, copied from, never linked); without it
+    uv unzips into a throwaway cache. The installed bytes are the same either way.
     """
     root.mkdir(parents=True, exist_ok=True)
     if any(root.iterdir()):
@@ -302,13 +305,18 @@ def install(
     prefix = root / target.rel
     if not wheels:
         return Installed(root)
-    with tempfile.TemporaryDirectory(prefix="envbuild-wheels-") as links_dir:
-        links = Path(links_dir)
+    with tempfile.TemporaryDirectory(prefix="envbuild-wheels-") as tmp:
+        # each wheel is offered at a path that names its sha256 and stays the same from one
+        # build to the next, so uv's cache (keyed by the path) finds what it unzipped before
+        stable = cache.parent / "uv-wheels" if cache is not None else Path(tmp)
+        find_links: list[proc.Arg] = []
         lines = []
         for wheel, path in sorted(wheels):
-            (links / wheel.filename).symlink_to(path.resolve())
+            link = stable / wheel.sha256 / wheel.filename
+            _symlink(link, path.resolve())
+            find_links += ["--find-links", link.parent]
             lines.append(f"{wheel.canonical}=={wheel.version} --hash=sha256:{wheel.sha256}")
-        req = links / "requirements.txt"
+        req = Path(tmp) / "requirements.txt"
         req.write_text("\n".join(lines) + "\n")
         argv: list[proc.Arg] = [
             uv or proc.find_uv(),
@@ -318,10 +326,9 @@ def install(
             "--no-deps",
             "--require-hashes",
             "--no-index",
-            "--find-links",
-            links,
+            *find_links,
             "--link-mode=copy",
-            "--no-cache",
+            *(["--cache-dir", cache] if cache is not None else ["--no-cache"]),
             "--python",
             sys.executable,
             "--python-version",
@@ -339,6 +346,17 @@ def install(
         )
         proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
     return _finish(root, target, sorted(canonicalize_name(w.name) for w, _ in wheels), remove)
+
+
+def _symlink(link: Path, target: Path) -> None:
+    """``link`` -> ``target``, made atomically (two builds may offer the same wheel at once)."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{id(link)}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
 
 
 def _finish(
