@@ -274,6 +274,7 @@ def build(
     output: Path | None = None,
     dry_run: bool = False,
     compression: layers.Compression = COMPRESSION,
+    docker_archive: bool = True,
     progress: Progress = NULL,
 ) -> BuildResult:
     """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``)."""
@@ -317,7 +318,9 @@ def build(
                 built[layer.name] = got
                 (result.reused if reused else result.rebuilt).append(layer.name)
         with stage("image", timings):
-            manifest = write_outputs(plan, store, base, built, overlaps, out)
+            manifest = write_outputs(
+                plan, store, base, built, overlaps, out, docker_archive=docker_archive
+            )
         with stage("root", timings):
             store.set_root(
                 f"image-{plan.spec}",

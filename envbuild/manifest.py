@@ -85,6 +85,8 @@ def write_outputs(
     built: dict[str, BuiltLayer],
     overlaps: list[dict[str, Any]],
     out: Path,
+    *,
+    docker_archive: bool = True,
 ) -> BuildManifest:
     ours = [built[layer.name] for layer in plan.layers]
     mine = [_as_layer(store, b) for b in ours]
@@ -116,11 +118,9 @@ def write_outputs(
         )
         for i, x in enumerate(base.layers)
     ]
-    outputs = {
-        "oci_layout": OCI_DIR,
-        "docker_archive": image.DOCKER_ARCHIVE,
-        "manifest": MANIFEST_FILE,
-    }
+    outputs = {"oci_layout": OCI_DIR, "manifest": MANIFEST_FILE}
+    if docker_archive:
+        outputs["docker_archive"] = image.DOCKER_ARCHIVE
     manifest = BuildManifest(
         generator=f"envbuild {__version__}",
         spec=plan.spec,
@@ -138,9 +138,11 @@ def write_outputs(
         log.debug("%s is up to date", out)
         return manifest
     image.write_oci_layout(store, img, out / OCI_DIR, ref_name=plan.spec)
-    image.write_docker_archive(
-        store, img, out / image.DOCKER_ARCHIVE, repo_tags=[f"envbuild/{plan.spec}:latest"]
-    )
+    archive = out / image.DOCKER_ARCHIVE
+    if docker_archive:
+        image.write_docker_archive(store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"])
+    else:
+        archive.unlink(missing_ok=True)  # it would hold another image
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
     return manifest
 
@@ -154,7 +156,7 @@ def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
     return (
         old == json.loads(canonical_json(manifest.model_dump(mode="json")))
         and (out / OCI_DIR / "index.json").is_file()
-        and (out / image.DOCKER_ARCHIVE).is_file()
+        and (out / image.DOCKER_ARCHIVE).is_file() == ("docker_archive" in manifest.outputs)
     )
 
 

@@ -46,6 +46,13 @@ def register(sub: Any) -> None:
         help="layer compression (default: %(default)s; gzip for umoci 0.4 and Docker < 23 "
         "registries); part of every layer's key",
     )
+    p.add_argument(
+        "--no-docker-archive",
+        dest="docker_archive",
+        action="store_false",
+        help="skip docker-archive.tar (with zstd layers it holds them uncompressed for Docker "
+        "< 23: gigabytes rewritten whenever the image changes)",
+    )
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             output=args.output,
             dry_run=args.dry_run,
             compression=Compression(args.compression),
+            docker_archive=args.docker_archive,
             progress=progress,
         )
     if args.dry_run:

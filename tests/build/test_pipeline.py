@@ -229,3 +229,18 @@ def _random(n: int) -> bytes:
     import random
 
     return random.Random(0).randbytes(n)
+
+
+def test_the_docker_archive_can_be_left_out(
+    repo: Path, overlapping: list[WheelRef], cli: Build
+) -> None:
+    spec = write_project(repo, "lean", overlapping[2:])
+    lean = build(cli, repo, spec, "--json", "--no-docker-archive")
+    assert lean.exit_code == 0, lean.stderr
+    assert "docker_archive" not in lean.json()["outputs"]
+    assert not (repo / "out" / "docker-archive.tar").exists()
+    full = build(cli, repo, spec, "--json")
+    assert full.exit_code == 0, full.stderr
+    assert full.json()["outputs"]["docker_archive"] == "docker-archive.tar"
+    assert (repo / "out" / "docker-archive.tar").is_file()
+    assert full.json()["image"] == lean.json()["image"]
