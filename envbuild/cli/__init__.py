@@ -25,6 +25,7 @@ COMMANDS: tuple[str, ...] = (
     "lock",
     "push",
     "pull",
+    "ci",
     "snapshot",
     "diff",
     "verify",

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from envbuild.ci import human_size
 from envbuild.cli import render
-from envbuild.cli.push import add_registry_args, endpoint_from_args, human_size
+from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.registry import get_transport, parse_ref, pull
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
@@ -35,15 +36,6 @@ def add_registry_args(p: argparse.ArgumentParser) -> None:
 
 def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
     return Endpoint(insecure=args.insecure, cert_dir=args.cert_dir)
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    raise AssertionError("unreachable")
 
 
 def describe_push(result: PushResult) -> list[str]:

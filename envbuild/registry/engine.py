@@ -21,8 +21,8 @@ import json
 import logging
 import tarfile
 import tempfile
-from collections.abc import Iterable
-from contextlib import ExitStack
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +54,13 @@ def _client(base_url: str | None = None) -> Any:
         import docker.errors  # type: ignore[import-untyped]
     except ImportError as exc:  # pragma: no cover - docker is a dependency
         raise ToolNotFound("the docker SDK", hint="pip install docker") from exc
+    client = None
     try:
         client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
+        if client is not None:
+            client.close()
         raise EnvironmentFailure(
             f"no Docker engine answers: {exc}",
             hint="start one, or set DOCKER_HOST; or install skopeo",
@@ -94,12 +97,23 @@ class DockerEngine(Transport):
     preserves_digests = False
 
     def __init__(self, base_url: str | None = None) -> None:
-        self.client = _client(base_url)
+        self.base_url = base_url
+        with self._session():
+            pass  # fail now, clearly, when no engine answers
+
+    @contextmanager
+    def _session(self) -> Iterator[Any]:
+        """A client for one operation, closed after it (its socket is not left to the GC)."""
+        client = _client(self.base_url)
+        try:
+            yield client
+        finally:
+            client.close()
 
     @staticmethod
     def available() -> bool:
         try:
-            _client()
+            _client().close()
         except (EnvironmentFailure, ToolNotFound):
             return False
         return True
@@ -140,15 +154,17 @@ class DockerEngine(Transport):
         self, image: LayoutImage, target: ImageRef, endpoint: Endpoint, creds: Credentials | None
     ) -> Copied:
         repo_tag = f"{target.name}:{target.tag}"
-        with tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp:
-            archive = self._archive(image, repo_tag, Path(tmp))
-            with archive.open("rb") as f:
-                _messages(self.client.api.load_image(f), "docker load", target.registry, creds)
-        log.debug("loaded %s into the engine", repo_tag)
-        stream = self.client.api.push(
-            target.name, tag=target.tag, stream=True, decode=True, auth_config=_auth(creds)
-        )
-        msgs = _messages(stream, f"docker push {repo_tag}", target.registry, creds)
+        with self._session() as client:
+            with tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp:
+                archive = self._archive(image, repo_tag, Path(tmp))
+                with archive.open("rb") as f:
+                    loading = client.api.load_image(f)
+                    _messages(loading, "docker load", target.registry, creds)
+            log.debug("loaded %s into the engine", repo_tag)
+            stream = client.api.push(
+                target.name, tag=target.tag, stream=True, decode=True, auth_config=_auth(creds)
+            )
+            msgs = _messages(stream, f"docker push {repo_tag}", target.registry, creds)
         digest = next((str(m["aux"]["Digest"]) for m in msgs if "Digest" in m.get("aux", {})), "")
         state: dict[str, bool] = {}
         for m in msgs:
@@ -169,15 +185,18 @@ class DockerEngine(Transport):
         tag: str | None,
     ) -> None:
         pinned = f"{source.name}@{source.digest}"
-        stream = self.client.api.pull(
-            source.name, tag=source.digest, stream=True, decode=True, auth_config=_auth(creds)
-        )
-        _messages(stream, f"docker pull {pinned}", source.registry, creds)
-        with tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp:
+        with (
+            self._session() as client,
+            tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp,
+        ):
+            stream = client.api.pull(
+                source.name, tag=source.digest, stream=True, decode=True, auth_config=_auth(creds)
+            )
+            _messages(stream, f"docker pull {pinned}", source.registry, creds)
             saved = Path(tmp) / "saved"
             archive = Path(tmp) / "image.tar"
             with archive.open("wb") as out:
-                for chunk in self.client.api.get_image(pinned):
+                for chunk in client.api.get_image(pinned):
                     out.write(chunk)
             with tarfile.open(archive) as tar:
                 tar.extractall(saved, filter="data")

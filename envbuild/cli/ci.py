@@ -1,0 +1,90 @@
+"""`envbuild ci [SPEC...]`: check every lock, build every image, push, and write a summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from envbuild.cache import CachedStore, RemoteCache
+from envbuild.ci import discover_specs, human_size, run_ci, summary_markdown
+from envbuild.cli import render
+from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.fsio import write_atomic
+from envbuild.registry import Endpoint, get_transport, parse_repo
+from envbuild.spec.load import find_root
+from envbuild.store import Store, default_store
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """``--cache REGISTRY/REPO`` and ``--cache-read-only``, for any command that builds."""
+    p.add_argument(
+        "--cache",
+        metavar="REGISTRY/REPO",
+        help="a remote build cache: pull layers and source builds made elsewhere, push new ones",
+    )
+    p.add_argument(
+        "--cache-read-only", action="store_true", help="pull from the cache but push nothing to it"
+    )
+
+
+def store_with_cache(store: Store, args: argparse.Namespace, endpoint: Endpoint) -> Store:
+    """``store`` behind the remote cache ``--cache`` names (``store`` itself without one)."""
+    if not args.cache:
+        return store
+    remote = RemoteCache(
+        parse_repo(args.cache, what="--cache"), endpoint=endpoint, push=not args.cache_read_only
+    )
+    return CachedStore.over(store, remote)
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "ci",
+        help="check every lock, build every image, push, write a markdown summary",
+        description="For each SPEC (default: every specs/*.toml of the repository): check its "
+        "lock is current, build its image, push it to REGISTRY/REPO:<spec name> with --push, "
+        "and write a summary table (spec, image digest, size, layers reused vs new) to "
+        "--summary. Exit code: 0 all built, 1 a lock is stale, 2/3 a spec or build failed.",
+    )
+    p.add_argument("specs", nargs="*", metavar="SPEC", type=Path)
+    p.add_argument("--push", metavar="REGISTRY/REPO", help="push each image, tagged by spec name")
+    add_cache_args(p)
+    p.add_argument("--summary", metavar="FILE", type=Path, help="write the markdown summary here")
+    p.add_argument("--store", metavar="DIR", type=Path, help="the store (default: $ENVBUILD_STORE)")
+    add_registry_args(p)
+    render.add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    push = parse_repo(args.push, what="--push") if args.push else None
+    specs = args.specs or discover_specs(find_root(Path.cwd() / "specs"))
+    endpoint = endpoint_from_args(args)
+    store = Store(args.store) if args.store else default_store()
+    store = store_with_cache(store, args, endpoint)
+    transport = get_transport(args.transport) if (push or args.cache) else None
+    report = run_ci(specs, store=store, push=push, endpoint=endpoint, transport=transport)
+    if args.summary:
+        write_atomic(args.summary, summary_markdown(report))
+    if args.json:
+        render.emit_json(report.as_dict())
+        return report.exit_code
+    for o in report.outcomes:
+        name = o.name or o.spec
+        if o.image is None:
+            why = "lock is stale" if o.lock == "stale" else "failed"
+            render.echo(f"{name}: {why}")
+            for line in o.lock_changes + o.error:
+                render.echo(f"  {line}")
+            continue
+        render.echo(
+            f"{name}: {o.image} ({human_size(o.size or 0)}), layers {o.layers_reused} reused, "
+            f"{o.layers_new} new"
+        )
+        if o.pushed:
+            render.echo(
+                f"  pushed {o.pushed}: {o.blobs_uploaded} blobs uploaded, {o.blobs_skipped} "
+                "already in the registry"
+            )
+    return report.exit_code
