@@ -190,6 +190,7 @@ def resolve(
             suite=spec_base.suite,
             mirror=spec_base.mirror,
             variant=spec_base.variant,
+            include=sorted(set(spec_base.packages)),
             packages=packages,
         )
         inputs = _inputs(spec_base, lock, compression, sde)
@@ -206,15 +207,17 @@ def build(
     compression: Compression = Compression.ZSTD,
 ) -> BaseImage:
     """The Debian base of ``spec_base``, built from the exact package set of ``lock`` (resolved
-    first when the lock has none, or was made for another suite, mirror or variant)."""
+    first when the lock has none, or was made for another suite, mirror, variant or include
+    list)."""
     stale = (
         lock is None
         or not lock.packages
-        or (lock.suite, lock.mirror, lock.variant)
+        or (lock.suite, lock.mirror, lock.variant, lock.include)
         != (
             spec_base.suite,
             spec_base.mirror,
             spec_base.variant,
+            sorted(set(spec_base.packages)),
         )
     )
     if stale:

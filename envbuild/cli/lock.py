@@ -1,4 +1,10 @@
-"""`envbuild lock SPEC... [--check]`: resolve specs into lockfiles, or check they are current."""
+"""`envbuild lock SPEC... [--check]`: resolve specs into lockfiles, or check they are current.
+
+A Debian base is pinned too (mmdebstrap, through :class:`envbuild.lock.BasePinner`): by default
+its package set is reused from the existing lock while the spec's [base] and cutoff are
+unchanged and resolved otherwise; ``--refresh-base`` always resolves it, ``--python-only``
+never does.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
-from envbuild.lock import check_lock, lock_spec
+from envbuild.lock import BaseMode, BasePinner, check_lock, lock_spec
 from envbuild.spec.validate import validate
+from envbuild.store import Store
 
 
 def register(sub: Any) -> None:
@@ -18,8 +25,10 @@ def register(sub: Any) -> None:
         help="resolve a spec's Python packages into lockfiles/<name>.pylock.toml",
         description="Resolve each SPEC with uv for its target (Python version, platform tag, "
         "torch index, exclude-newer cutoff) and write lockfiles/<spec-name>.pylock.toml "
-        "(PEP 751). With --check, resolve nothing: exit 1 and say what changed when a lock "
-        "no longer matches its spec, 0 when it does.",
+        "(PEP 751). A Debian base's package set is pinned with its .deb hashes: taken from "
+        "the existing lock while the spec's [base] and cutoff are unchanged, resolved with "
+        "mmdebstrap otherwise. With --check, resolve nothing: exit 1 and say what changed when "
+        "a lock no longer matches its spec, 0 when it does.",
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (TOML)")
     p.add_argument(
@@ -34,6 +43,26 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="write (or check) the lock at PATH instead of lockfiles/ (one SPEC only)",
     )
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
+        "--refresh-base",
+        action="store_true",
+        help="resolve a Debian base's package set again with mmdebstrap, even when the "
+        "existing lock pins it for an unchanged [base]",
+    )
+    how.add_argument(
+        "--python-only",
+        action="store_true",
+        help="never run mmdebstrap: keep the Debian package set the existing lock pins while "
+        "the spec's [base] is unchanged (even if the cutoff moved), else leave it unpinned",
+    )
+    p.add_argument(
+        "--store",
+        type=Path,
+        metavar="DIR",
+        help="where mmdebstrap's rootfs is kept for the build (default: $ENVBUILD_STORE or "
+        "~/.cache/envbuild/store)",
+    )
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -42,19 +71,38 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None and len(args.specs) > 1:
         raise UsageError("--output takes one SPEC, got several")
     if args.check:
+        if args.refresh_base or args.python_only:
+            raise UsageError("--check resolves nothing; drop --refresh-base / --python-only")
         return _check(args)
+    mode = (
+        BaseMode.REFRESH
+        if args.refresh_base
+        else BaseMode.KEEP
+        if args.python_only
+        else BaseMode.PIN
+    )
+    pinner = BasePinner(mode, Store(args.store) if args.store else None)
     results = []
     for spec in args.specs:
         loaded = validate(spec).loaded
-        result = lock_spec(loaded, output=args.output)
+        result = lock_spec(loaded, output=args.output, pinner=pinner)
         shown = loaded.display(result.path)
         results.append(result.as_dict(shown))
         if not args.json:
             state = "written" if result.changed else "unchanged"
-            render.echo(f"{shown}: {len(result.lock.packages)} packages ({state})")
+            base = _base_text(result.base_summary())
+            render.echo(f"{shown}: {len(result.lock.packages)} packages{base} ({state})")
     if args.json:
         render.emit_json({"results": results})
     return ExitCode.OK
+
+
+def _base_text(summary: dict[str, object]) -> str:
+    if summary["kind"] != "debian":
+        return ""
+    if summary["source"] == "unpinned":
+        return ", Debian base not pinned"
+    return f", Debian base {summary['packages']} packages ({summary['source']})"
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -68,6 +116,8 @@ def _check(args: argparse.Namespace) -> int:
         if not args.json:
             if check.ok:
                 render.echo(f"{check.lock}: current")
+                for note in check.notes:
+                    render.echo(f"  note: {note}")
             else:
                 render.echo(f"{check.lock}: stale")
                 for change in check.changes:

@@ -11,7 +11,9 @@ Public API:
 * :func:`lock_path` — where a spec's lock lives;
 * :func:`read_lock` — parse and check a lock (:class:`~envbuild.errors.ManifestError` if bad,
   :class:`~envbuild.errors.NewerFormat` if written by a newer envbuild);
-* :func:`lock_spec` — resolve with uv and write the lock atomically;
+* :func:`lock_spec` — resolve with uv and write the lock atomically (the base's entry through a
+  :class:`BasePinner`: when a Debian base's package set is resolved with mmdebstrap, reused from
+  the previous lock, or left unpinned — see :mod:`envbuild.lock.pin`);
 * :func:`check_lock` — does the lock still match the spec, and if not, what changed.
 """
 
@@ -19,17 +21,19 @@ from __future__ import annotations
 
 import logging
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import ManifestError, NewerFormat, OutputError
 from envbuild.fsio import sha256_bytes, write_atomic
 from envbuild.lock.base import lock_base
-from envbuild.lock.check import Change, LockCheck, compare, patch_records
+from envbuild.lock.check import Change, LockCheck, base_notes, compare, patch_records
 from envbuild.lock.io import dumps, loads, read_lock
 from envbuild.lock.model import (
     LOCK_FORMAT,
     BaseLock,
+    DebianBaseLock,
     EnvbuildLock,
     Lock,
     LockedBuild,
@@ -37,6 +41,7 @@ from envbuild.lock.model import (
     LockedPackage,
     ToolTable,
 )
+from envbuild.lock.pin import BaseMode, BasePinner, PinnedBase
 from envbuild.lock.resolve import resolve
 from envbuild.lock.target import Target, requirements_of, target_of
 from envbuild.spec.load import LoadedSpec
@@ -54,6 +59,7 @@ class LockResult:
     lock: Lock
     changed: bool  # False when the file already had exactly these bytes
     sha256: str  # of the lock file's bytes
+    base: str = "spec"  # spec | given | reused | resolved | unpinned (PinnedBase.source)
 
     def as_dict(self, shown_path: str) -> dict[str, object]:
         return {
@@ -64,7 +70,17 @@ class LockResult:
             "sha256": self.sha256,
             "packages": len(self.lock.packages),
             "builds": [b.name for b in self.lock.envbuild.builds],
+            "base": self.base_summary(),
         }
+
+    def base_summary(self) -> dict[str, object]:
+        """The base's kind and, for a Debian base, how many packages it pins and where the set
+        came from (reused from the previous lock, resolved now, or left unpinned)."""
+        base = self.lock.envbuild.base
+        out: dict[str, object] = {"kind": base.kind if base else None, "source": self.base}
+        if isinstance(base, DebianBaseLock):
+            out["packages"] = len(base.packages)
+        return out
 
 
 def lock_path(loaded: LoadedSpec) -> Path:
@@ -101,13 +117,20 @@ def build_lock(
 
 
 def lock_spec(
-    loaded: LoadedSpec, *, output: Path | None = None, base: BaseLock | None = None
+    loaded: LoadedSpec,
+    *,
+    output: Path | None = None,
+    base: BaseLock | None = None,
+    pinner: BasePinner | None = None,
 ) -> LockResult:
     """Resolve ``loaded`` with uv and write its lock to ``output`` (default :func:`lock_path`).
 
-    The base's entry comes from the spec (:func:`envbuild.lock.base.lock_base`: a Debian base
-    without its package set) unless ``base`` is given, e.g. the base stage's resolved
-    :class:`~envbuild.lock.model.DebianBaseLock`.
+    The base's entry is ``base`` when given; otherwise ``pinner`` decides it (default
+    ``BasePinner()``, mode ``keep``: never runs mmdebstrap, keeps the Debian package set the
+    previous lock pinned while the spec's [base] is unchanged). The previous locks are the one
+    at ``output`` and, when ``output`` is another path, the spec's own (:func:`lock_path`). The
+    base is settled before uv runs, so a missing mmdebstrap fails fast
+    (:class:`~envbuild.errors.ToolNotFound`).
 
     The file is written through a temporary file and a rename, and only when its bytes change;
     an unwritable destination is an :class:`OutputError` raised before uv runs when it can be
@@ -115,9 +138,17 @@ def lock_spec(
     """
     path = Path(output) if output is not None else lock_path(loaded)
     _check_writable(path)
-    old = _existing(path)
+    old, previous = _existing(path)
     target = target_of(loaded)
-    lock = build_lock(loaded, target, base=base)
+    if base is not None:
+        pinned = PinnedBase(base, "given")
+    else:
+        candidates = [previous] if previous is not None else []
+        if path.resolve() != lock_path(loaded).resolve():
+            candidates += [lk for lk in [_readable(lock_path(loaded))] if lk is not None]
+        pinner = pinner if pinner is not None else BasePinner()
+        pinned = pinner.pin(loaded, target.exclude_newer, candidates)
+    lock = build_lock(loaded, target, base=pinned.base)
     text = dumps(lock, spec_file=loaded.display(loaded.path))
     data = text.encode("utf-8")
     changed = old != data
@@ -126,7 +157,9 @@ def lock_spec(
         log.info("wrote %s (%d packages)", loaded.display(path), len(lock.packages))
     else:
         log.info("%s is up to date (%d packages)", loaded.display(path), len(lock.packages))
-    return LockResult(loaded.display(loaded.path), path, lock, changed, sha256_bytes(data))
+    return LockResult(
+        loaded.display(loaded.path), path, lock, changed, sha256_bytes(data), pinned.source
+    )
 
 
 def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:
@@ -153,12 +186,27 @@ def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:
         return result
     result.changes.extend(compare(loaded, lock, target_of(loaded)))
     if not result.changes and dumps(lock, spec_file=loaded.display(loaded.path)).encode() != data:
-        result.changes.append(
-            Change(
-                "edited", f"{result.lock} is not as envbuild writes it (edited by hand?); {hint}"
+        written = _format_of(data)
+        if written is not None and written < LOCK_FORMAT:
+            message = (
+                f"{result.lock} is in lock format {written}, this envbuild writes {LOCK_FORMAT}"
             )
-        )
+            result.changes.append(Change("format", f"{message}; {hint}"))
+        else:
+            message = f"{result.lock} is not as envbuild writes it (edited by hand?)"
+            result.changes.append(Change("edited", f"{message}; {hint}"))
+    if result.ok:
+        result.notes.extend(base_notes(lock.envbuild))
     return result
+
+
+def _format_of(data: bytes) -> int | None:
+    """``tool.envbuild.format`` as written in the file (before any conversion)."""
+    try:
+        fmt = tomllib.loads(data.decode("utf-8"))["tool"]["envbuild"]["format"]
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
+        return None
+    return fmt if isinstance(fmt, int) else None
 
 
 def _check_writable(path: Path) -> None:
@@ -175,23 +223,34 @@ def _check_writable(path: Path) -> None:
         raise OutputError(f"cannot write {path}: it is a directory")
 
 
-def _existing(path: Path) -> bytes | None:
-    """The current lock's bytes; refuses to go on over a lock from a newer envbuild."""
+def _existing(path: Path) -> tuple[bytes | None, Lock | None]:
+    """The current lock's bytes and, when it reads, the lock; refuses to go on over a lock from
+    a newer envbuild."""
     try:
         data = path.read_bytes()
     except OSError:
-        return None
+        return None, None
     try:
-        loads(data.decode("utf-8", errors="replace"), str(path))
+        return data, loads(data.decode("utf-8", errors="replace"), str(path))
     except NewerFormat:
         raise
     except ManifestError as exc:
         log.warning("%s; it will be replaced", exc.message)
-    return data
+    return data, None
+
+
+def _readable(path: Path) -> Lock | None:
+    """The lock at ``path`` if there is a readable one (a source of a pinned base to reuse)."""
+    try:
+        return read_lock(path)
+    except ManifestError:  # NewerFormat included: not ours to read
+        return None
 
 
 __all__ = [
     "LOCK_FORMAT",
+    "BaseMode",
+    "BasePinner",
     "Change",
     "Lock",
     "LockCheck",

@@ -2,9 +2,9 @@
 
 An image base is already pinned by digest; an OCI layout by the digest the spec gives or, failing
 that, the one manifest its ``index.json`` lists; a rootfs tarball by the sha256 the spec gives.
-A Debian base records its suite, mirror and variant here; its resolved package set
-(``packages``) is filled by the base stage (envbuild.base), which resolves it against the
-mirror.
+A Debian base records its suite, mirror, variant and requested packages (``include``) here;
+its resolved package set (``packages``) comes from the base stage (envbuild.base), which resolves
+it against the mirror with mmdebstrap (see :mod:`envbuild.lock.pin` for when that runs).
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def lock_base(loaded: LoadedSpec) -> BaseLock:
     base = loaded.spec.base
     if base.kind == "debian":
         return DebianBaseLock(
-            kind="debian", suite=base.suite, mirror=base.mirror, variant=base.variant
+            kind="debian",
+            suite=base.suite,
+            mirror=base.mirror,
+            variant=base.variant,
+            include=sorted(set(base.packages)),
         )
     if base.kind == "image":
         ref, _, digest = base.ref.partition("@")
@@ -38,6 +42,12 @@ def lock_base(loaded: LoadedSpec) -> BaseLock:
         return RootfsBaseLock(kind="rootfs", path=shown, sha256=base.sha256)
     digest = base.digest or _layout_digest(loaded, path)
     return OciLayoutBaseLock(kind="oci-layout", path=shown, digest=digest)
+
+
+def debian_request(base: DebianBaseLock) -> tuple[str, str, str, tuple[str, ...]]:
+    """What a Debian base's package set is resolved from: suite, mirror, variant, include. Two
+    entries with the same request may share one resolved set."""
+    return (base.suite, base.mirror, base.variant, tuple(base.include))
 
 
 def spec_path(loaded: LoadedSpec, key: tuple[str, ...], relative: str) -> Path:

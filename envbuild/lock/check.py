@@ -2,7 +2,8 @@
 
 The spec hash says *that* something changed; the comparisons below say *what*: a pin the locked
 version no longer satisfies, a requirement added or removed, a source build's version or flags,
-the target (Python, platform, cutoff, indexes), a patch's content, the base.
+the target (Python, platform, cutoff, indexes), a patch's content, the base (for a Debian base:
+its suite, mirror, variant and requested packages, from which the pinned set was resolved).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 
 from envbuild.fsio import sha256_file
 from envbuild.lock.base import lock_base
-from envbuild.lock.model import EnvbuildLock, Lock, LockedPatch
+from envbuild.lock.model import DebianBaseLock, EnvbuildLock, Lock, LockedPatch
 from envbuild.lock.target import Target, requirements_of
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import SourceBuild
@@ -40,6 +41,8 @@ class LockCheck:
     spec: str
     lock: str
     changes: list[Change] = field(default_factory=list)
+    #: worth knowing, not stale: e.g. a Debian base whose package set the lock does not pin
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +54,7 @@ class LockCheck:
             "lock": self.lock,
             "ok": self.ok,
             "changes": [c.as_dict() for c in self.changes],
+            "notes": list(self.notes),
         }
 
 
@@ -209,14 +213,37 @@ def _base(loaded: LoadedSpec, ours: EnvbuildLock) -> list[Change]:
     then = ours.base
     if then is None:
         return [Change("base", f"base: {now.kind} in the spec, none in the lock")]
-    if now.kind == "debian" and then.kind == "debian":
-        # the resolved package set is the base stage's; compare what the spec says
-        same = (now.suite, now.mirror, now.variant) == (then.suite, then.mirror, then.variant)
-    else:
-        same = now == then
-    if same:
+    if isinstance(now, DebianBaseLock) and isinstance(then, DebianBaseLock):
+        # what the package set was resolved from; the set itself is mmdebstrap's answer
+        pairs = [
+            ("suite", now.suite, then.suite),
+            ("mirror", now.mirror, then.mirror),
+            ("variant", now.variant, then.variant),
+            ("packages", _names(now.include), _names(then.include)),
+        ]
+        return [
+            Change("base", f"base {what}: {a} in the spec, {b} in the lock")
+            for what, a, b in pairs
+            if a != b
+        ]
+    if now == then:
         return []
     return [Change("base", f"base: {_base_text(now)} in the spec, {_base_text(then)} in the lock")]
+
+
+def base_notes(ours: EnvbuildLock) -> list[str]:
+    """What is worth saying about a current lock's base."""
+    base = ours.base
+    if isinstance(base, DebianBaseLock) and not base.packages:
+        return [
+            "the Debian base's package set is not pinned (locked with --python-only?): "
+            "`envbuild build` resolves it against the mirror; `envbuild lock` pins it"
+        ]
+    return []
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ", ".join(names) + "]"
 
 
 def _base_text(base: object) -> str:

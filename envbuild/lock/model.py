@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 #: envbuild's own format version of ``[tool.envbuild]``. Bump it when a change would make an
 #: older envbuild misread a lock, and add a converter from the previous format.
-LOCK_FORMAT = 1
+LOCK_FORMAT = 2
 #: The PEP 751 version envbuild writes. Readers accept any 1.x (a newer minor with a warning).
 PEP751_VERSION = "1.0"
 CREATED_BY = "envbuild"
@@ -96,12 +96,21 @@ class DebianPackageLock(_Model):
 
 
 class DebianBaseLock(_Model):
+    """A Debian base: what the spec asks for (suite, mirror, variant, ``include``) and the exact
+    package set mmdebstrap installed for it (``packages``, each .deb by its sha256). An empty
+    ``packages`` means the set is not pinned: the build resolves it against the mirror."""
+
     kind: Literal["debian"]
     suite: str
     mirror: str
     variant: str
+    include: list[str] = Field(
+        default_factory=list,
+        description="the spec's base.packages (mmdebstrap --include), sorted, without duplicates",
+    )
     packages: list[DebianPackageLock] = Field(
-        default_factory=list, description="the resolved package set (filled by the base stage)"
+        default_factory=list,
+        description="the resolved package set, sorted by name (empty: not pinned)",
     )
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 
 def _locked(cli, demo) -> Path:
     spec = demo()
-    assert cli("lock", spec).exit_code == 0
+    assert cli("lock", "--python-only", spec).exit_code == 0
     return spec
 
 
@@ -58,9 +60,9 @@ def test_check_catches_build_flags_patches_and_target(cli, demo, repo):
     assert "alpha: specs/patches/alpha.patch changed since it was locked" in out
     assert "platform: manylinux_2_41_x86_64 in the spec, manylinux_2_36_x86_64 in the lock" in out
     assert "python: 3.13 in the spec, 3.11 in the lock" in out
-    assert "base: kind=debian suite=trixie" in out
+    assert "base suite: trixie in the spec, bookworm in the lock" in out
     # relocking makes it current again
-    assert cli("lock", spec).exit_code == 0
+    assert cli("lock", "--python-only", spec).exit_code == 0
     assert cli("lock", "--check", spec).exit_code == 0
 
 
@@ -77,3 +79,33 @@ def test_check_notices_a_hand_edit(cli, demo, repo):
     result = cli("lock", "--check", spec)
     assert result.exit_code == 1
     assert "not as envbuild writes it" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('packages = ["tini"]', "base packages: [tini] in the spec, [] in the lock"),
+        ('variant = "minbase"', "base variant: minbase in the spec, essential in the lock"),
+        (
+            'mirror = "http://ftp.de.debian.org/debian"',
+            "base mirror: http://ftp.de.debian.org/debian in the spec, "
+            "http://deb.debian.org/debian in the lock",
+        ),
+    ],
+    ids=["packages", "variant", "mirror"],
+)
+def test_check_names_each_changed_debian_base_field(cli, demo, line, message):
+    _locked(cli, demo)
+    result = cli("lock", "--check", demo(('suite = "bookworm"', f'suite = "bookworm"\n{line}')))
+    assert result.exit_code == 1
+    assert message in result.stdout
+
+
+def test_check_notes_an_unpinned_debian_base(cli, demo):
+    spec = _locked(cli, demo)  # --python-only: no mmdebstrap, so no package set
+    result = cli("lock", "--check", "--json", spec)
+    assert result.exit_code == 0
+    (entry,) = result.json()["results"]
+    assert entry["ok"] is True and entry["changes"] == []
+    (note,) = entry["notes"]
+    assert "package set is not pinned" in note

@@ -11,18 +11,21 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import ManifestError, NewerFormat
+from envbuild.lock import LOCK_FORMAT, read_lock
 from envbuild.lock import io as lock_io
-from envbuild.lock import read_lock
+from envbuild.lock.model import DebianBaseLock
+
+CASES = Path(__file__).resolve().parent.parent / "cases" / "lock"
 
 
 def _locked(cli, demo) -> Path:
     spec = demo()
-    assert cli("lock", spec).exit_code == 0
+    assert cli("lock", "--python-only", spec).exit_code == 0
     return spec
 
 
 def test_unsatisfiable_pin_is_a_user_error_quoting_uv(cli, demo, repo):
-    result = cli("lock", demo(('alpha = ">=1"', 'alpha = "==9.9"')))
+    result = cli("lock", "--python-only", demo(('alpha = ">=1"', 'alpha = "==9.9"')))
     assert result.exit_code == 2
     assert "specs/demo.toml: the requirements cannot be satisfied" in result.stderr
     # uv's own explanation, naming the package and the versions it has
@@ -34,7 +37,7 @@ def test_unsatisfiable_pin_is_a_user_error_quoting_uv(cli, demo, repo):
 
 def test_conflicting_pins_quote_uv(cli, demo):
     # alpha 1.0.0 depends on beta>=1: uv's explanation names both
-    result = cli("lock", demo(('alpha = ">=1"', 'alpha = ">=1"\nbeta = "<1"')))
+    result = cli("lock", "--python-only", demo(('alpha = ">=1"', 'alpha = ">=1"\nbeta = "<1"')))
     assert result.exit_code == 2
     assert "alpha" in result.stderr and "beta" in result.stderr
     assert "No solution found" in result.stderr
@@ -59,7 +62,9 @@ def test_unwritable_lockfiles_is_exit_2_and_leaves_the_old_lock(cli, demo, repo)
     lockfiles.chmod(0o555)
     try:
         done = subprocess.run(
-            _without_dac_override([sys.executable, "-m", "envbuild", "lock", str(spec)]),
+            _without_dac_override(
+                [sys.executable, "-m", "envbuild", "lock", "--python-only", str(spec)]
+            ),
             capture_output=True,
             text=True,
             check=False,
@@ -74,13 +79,15 @@ def test_unwritable_lockfiles_is_exit_2_and_leaves_the_old_lock(cli, demo, repo)
 
 def test_output_into_a_file_is_exit_2(cli, demo, repo):
     (repo / "blocker").write_text("a file, not a directory\n")
-    result = cli("lock", demo(), "--output", repo / "blocker" / "demo.pylock.toml")
+    result = cli("lock", "--python-only", demo(), "--output", repo / "blocker" / "demo.pylock.toml")
     assert result.exit_code == 2
     assert "cannot write" in result.stderr
 
 
 def _set_format(path: Path, fmt: int) -> None:
-    path.write_text(path.read_text().replace("format = 1\n", f"format = {fmt}\n"))
+    ours = f"format = {LOCK_FORMAT}\n"
+    assert ours in path.read_text()
+    path.write_text(path.read_text().replace(ours, f"format = {fmt}\n"))
 
 
 def test_newer_lock_format_is_a_clear_error_and_is_not_overwritten(cli, demo, repo):
@@ -93,7 +100,7 @@ def test_newer_lock_format_is_a_clear_error_and_is_not_overwritten(cli, demo, re
     check = cli("lock", "--check", spec)
     assert check.exit_code == 1
     assert "written by a newer envbuild (lock format 99" in check.stdout
-    relock = cli("lock", spec)
+    relock = cli("lock", "--python-only", spec)
     assert relock.exit_code == 2
     assert "upgrade envbuild" in relock.stderr
     assert path.read_bytes() == newer
@@ -128,7 +135,7 @@ def test_corrupted_lock_is_reported_and_replaced(cli, demo, repo, damage):
     check = cli("lock", "--check", spec)
     assert check.exit_code == 1
     assert "demo.pylock.toml" in check.stdout
-    relock = cli("lock", spec)
+    relock = cli("lock", "--python-only", spec)
     assert relock.exit_code == 0, relock.stderr
     assert "it will be replaced" in relock.stderr
     assert path.read_bytes() == good
@@ -153,15 +160,39 @@ def test_an_older_format_is_converted_on_read(cli, demo, repo, monkeypatch):
     assert read_lock(path) == current
 
 
+def test_a_format_1_lock_reads_as_the_current_format():
+    # quickstart's lock as envbuild wrote it before format 2 recorded the base's `include`
+    lock = read_lock(CASES / "quickstart-format-1.pylock.toml")
+    assert lock.envbuild.format == LOCK_FORMAT
+    base = lock.envbuild.base
+    assert isinstance(base, DebianBaseLock)
+    assert (base.suite, base.include, base.packages) == ("bookworm", [], [])
+    assert lock.package("requests").version == "2.32.3"
+
+
+def test_check_names_an_older_format(cli, demo, repo):
+    spec = _locked(cli, demo)
+    path = repo / "lockfiles" / "demo.pylock.toml"
+    text = path.read_text()
+    assert "include = []\n" in text
+    _set_format(path, 1)
+    path.write_text(path.read_text().replace("include = []\n", ""))
+    check = cli("lock", "--check", spec)
+    assert check.exit_code == 1
+    assert f"is in lock format 1, this envbuild writes {LOCK_FORMAT}" in check.stdout
+    assert cli("lock", "--python-only", spec).exit_code == 0
+    assert path.read_text() == text
+
+
 def test_output_with_several_specs_is_a_usage_error(cli, demo, tmp_path):
     spec = demo()
-    result = cli("lock", spec, spec, "--output", tmp_path / "x.pylock.toml")
+    result = cli("lock", "--python-only", spec, spec, "--output", tmp_path / "x.pylock.toml")
     assert result.exit_code == 2
     assert "--output takes one SPEC" in result.stderr
 
 
 def test_invalid_spec_is_not_locked(cli, demo, repo):
-    result = cli("lock", demo(('version = "0.33.0"', 'version = "not-a-version"')))
+    result = cli("lock", "--python-only", demo(('version = "0.33.0"', 'version = "not-a-version"')))
     assert result.exit_code == 2
     assert "specs/demo.toml" in result.stderr
     assert not (repo / "lockfiles").exists()

@@ -30,7 +30,7 @@ exclude_newer = 2025-06-01T00:00:00Z
 def test_lock_a_small_spec_against_pypi(cli, repo):
     spec = repo / "specs" / "requests-only.toml"
     spec.write_text(SPEC)
-    result = cli("lock", spec)
+    result = cli("lock", "--python-only", spec)
     assert result.exit_code == 0, result.stderr
     path = lock_path(load_spec(spec))
     lock = read_lock(path)
@@ -51,7 +51,7 @@ def test_lock_a_small_spec_against_pypi(cli, repo):
         assert package.index == "https://pypi.org/simple"
         assert all(f.upload_time and f.upload_time.year <= 2025 for f in package.files())
     first = path.read_bytes()
-    assert cli("lock", spec).exit_code == 0
+    assert cli("lock", "--python-only", spec).exit_code == 0
     assert path.read_bytes() == first
     assert cli("lock", "--check", spec).exit_code == 0
 
@@ -59,7 +59,7 @@ def test_lock_a_small_spec_against_pypi(cli, repo):
 def test_an_impossible_pin_quotes_uv(cli, repo):
     spec = repo / "specs" / "requests-only.toml"
     spec.write_text(SPEC.replace("==2.32.3", "==2.99.0"))
-    result = cli("lock", spec)
+    result = cli("lock", "--python-only", spec)
     assert result.exit_code == 2
     assert "No solution found" in result.stderr
     assert "requests==2.99.0" in result.stderr

@@ -11,7 +11,7 @@ from envbuild.spec import load_spec
 
 
 def _lock(cli, spec: Path) -> Path:
-    result = cli("lock", spec)
+    result = cli("lock", "--python-only", spec)
     assert result.exit_code == 0, result.stderr
     return lock_path(load_spec(spec))
 
@@ -79,7 +79,7 @@ def test_relock_is_byte_identical(cli, demo):
     spec = demo()
     path = _lock(cli, spec)
     first = path.read_bytes()
-    again = cli("lock", spec)
+    again = cli("lock", "--python-only", spec)
     assert again.exit_code == 0
     assert "(unchanged)" in again.stdout
     assert path.read_bytes() == first
@@ -102,7 +102,7 @@ def test_user_configuration_cannot_change_the_answer(cli, demo, repo, monkeypatc
     monkeypatch.setenv("UV_CONSTRAINT", str(constraints))
     monkeypatch.setenv("UV_RESOLUTION", "lowest")
     monkeypatch.chdir(repo)
-    result = cli("lock", spec)
+    result = cli("lock", "--python-only", spec)
     assert result.exit_code == 0, result.stderr
     assert lock_path(load_spec(spec)).read_bytes() == first
 
@@ -120,7 +120,7 @@ def test_cutoff_decides_which_versions_exist(cli, demo):
 def test_platform_tag_selects_the_wheels(cli, demo):
     # gamma has only a manylinux_2_39 wheel: bookworm (glibc 2.36) cannot install it
     with_gamma = ('alpha = ">=1"', 'alpha = ">=1"\ngamma = ""')
-    too_old = cli("lock", demo(with_gamma))
+    too_old = cli("lock", "--python-only", demo(with_gamma))
     assert too_old.exit_code == 2
     assert "gamma" in too_old.stderr and "No solution found" in too_old.stderr
     # trixie has glibc 2.41 (uv resolves it as manylinux_2_40, the newest it knows)
@@ -149,7 +149,7 @@ def test_torch_comes_from_the_torch_index(cli, demo, local_index):
 
 def test_lock_json_and_output_path(cli, demo, tmp_path):
     out = tmp_path / "elsewhere" / "demo.pylock.toml"
-    result = cli("lock", demo(), "--json", "--output", out)
+    result = cli("lock", "--python-only", demo(), "--json", "--output", out)
     assert result.exit_code == 0, result.stderr
     (entry,) = result.json()["results"]
     assert entry["changed"] is True and entry["builds"] == ["flashy"]
@@ -167,7 +167,7 @@ def test_index_credentials_stay_out_of_the_lock(cli, demo, local_index, monkeypa
             f'index_url = "http://user:${{LOCK_TEST_TOKEN}}@{host}/simple"',
         )
     )
-    result = cli("lock", spec)
+    result = cli("lock", "--python-only", spec)
     assert result.exit_code == 0, result.stderr
     text = (repo / "lockfiles" / "demo.pylock.toml").read_text()
     assert token not in text
@@ -175,6 +175,6 @@ def test_index_credentials_stay_out_of_the_lock(cli, demo, local_index, monkeypa
     assert f'url = "{local_index.url}/files/alpha-1.0.0-py3-none-any.whl"' in text
 
     monkeypatch.delenv("LOCK_TEST_TOKEN")
-    missing = cli("lock", spec)
+    missing = cli("lock", "--python-only", spec)
     assert missing.exit_code == 2
     assert "LOCK_TEST_TOKEN" in missing.stderr and "not set" in missing.stderr

@@ -1,5 +1,6 @@
-"""The committed locks: every spec under specs/ has a current lock in lockfiles/, and (with the
-network) relocking the seed specs against PyPI gives the committed bytes."""
+"""The committed locks: every spec under specs/ has a current lock in lockfiles/ with its Debian
+base pinned, and (with the network) relocking the seed specs against PyPI gives the committed
+bytes — reusing the pinned base, so the Debian mirror moving on changes nothing."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from pathlib import Path
 import pytest
 
 from envbuild.lock import check_lock, lock_path, read_lock
+from envbuild.lock.model import DebianBaseLock
 from envbuild.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SPECS = sorted((REPO / "specs").glob("*.toml"))
 
 
+SEEDS = {"glm5-gguf", "kimi-nvfp4", "minimax-m25-fp8", "kimi-k25-int4"}
+
+
 def test_there_are_seed_specs():
-    seeds = {"glm5-gguf", "kimi-nvfp4", "minimax-m25-fp8", "kimi-k25-int4"}
-    assert {p.stem for p in SPECS} >= seeds
+    assert {p.stem for p in SPECS} >= SEEDS
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[p.stem for p in SPECS])
@@ -25,6 +29,21 @@ def test_committed_lock_is_current(spec):
     assert check.ok, "\n".join(c.message for c in check.changes) + (
         f"\nrelock with: envbuild lock {check.spec}"
     )
+
+
+def test_committed_debian_bases_are_pinned_and_the_seeds_share_one():
+    pinned = {}
+    for spec in SPECS:
+        loaded = load_spec(spec)
+        if loaded.spec.base.kind != "debian":
+            continue
+        base = read_lock(lock_path(loaded)).envbuild.base
+        assert isinstance(base, DebianBaseLock) and base.packages, f"{spec.name}: not pinned"
+        assert base.include == sorted(set(loaded.spec.base.packages))
+        assert set(base.include) <= {p.name for p in base.packages}
+        pinned[spec.stem] = base
+    seeds = [pinned[name] for name in sorted(SEEDS)]
+    assert all(base == seeds[0] for base in seeds)
 
 
 def test_glm5_locks_flash_attn_as_an_sdist_with_its_flags():
