@@ -291,6 +291,7 @@ def build(
             hint="remove [builds] and [patches] from the spec, or build with a newer envbuild",
         )
     result = BuildResult(None, plan, out, timings)
+    kept: list[str] = []
     with store.session():
         built: dict[str, BuiltLayer] = {}
         todo = [layer for layer in plan.layers if store.lookup(layer.key) is None]
@@ -303,9 +304,9 @@ def build(
                 blobs = fetch_wheels(
                     [w for w in wheels if w.sha256 in needed], store, progress=progress
                 )
-            overlaps, leaves = _overlaps(loaded, wheels, store, target, progress)
+            overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
         with stage("base", timings):
-            base = _base_stage(loaded, lock, store, _compression(plan), progress)
+            base = _base_stage(loaded, lock, store, _compression(plan), progress, kept)
         with stage("layers", timings), ThreadPoolExecutor(max_workers=WORKERS) as pool:
             jobs = {
                 layer.name: pool.submit(
@@ -325,7 +326,9 @@ def build(
             store.set_root(
                 f"image-{plan.spec}",
                 blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
-                derivations=[layer.key for layer in plan.layers],
+                # the overlap report and a Debian resolution too: gc must not make the next
+                # build redo them
+                derivations=[*(layer.key for layer in plan.layers), *kept],
             )
     result.manifest = manifest
     return result
@@ -357,6 +360,7 @@ def _overlaps(
     store: Store,
     target: VenvTarget,
     progress: Progress,
+    kept: list[str],
 ) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
     """Compare every wheel's RECORD before anything is installed (a derivation of the wheel set
     and the spec's rules, so a no-op rebuild does not read the wheels). An overlap the spec does
@@ -382,6 +386,7 @@ def _overlaps(
         return Output(outputs={"report": store.add_bytes(canonical_json(report).encode())})
 
     drv = store.build("overlaps", inputs, builder).drv
+    kept.append(drv.key)
     report = json.loads(store.read_blob(drv.outputs["report"]))
     leaves = {k: frozenset(v) for k, v in report["leaves_out"].items()}
     return list(report["overlaps"]), leaves
@@ -505,13 +510,14 @@ def _base_stage(
     store: Store,
     compression: layers.Compression,
     progress: Progress,
+    kept: list[str],
 ) -> BaseResult:
     """The base's layers from the store, built or pulled once per store (see envbuild.base)."""
     from envbuild.base import build_base
 
     pinned = lock.envbuild.base
     if isinstance(pinned, DebianBaseLock) and not pinned.packages:
-        pinned = _debian_resolution(loaded, lock, store, compression)
+        pinned = _debian_resolution(loaded, lock, store, compression, kept)
     with progress.task(f"base {loaded.spec.base.kind}", None, unit="layers"):
         got = build_base(store, loaded, pinned, compression=compression)
     return BaseResult(
@@ -523,7 +529,7 @@ def _base_stage(
 
 
 def _debian_resolution(
-    loaded: LoadedSpec, lock: Lock, store: Store, compression: layers.Compression
+    loaded: LoadedSpec, lock: Lock, store: Store, compression: layers.Compression, kept: list[str]
 ) -> DebianBaseLock:
     """A lock whose Debian base names no package set is resolved against the mirror once per
     store (a derivation of the base's spec and the lock's cutoff), not at every build: neither a
@@ -545,4 +551,5 @@ def _debian_resolution(
         return Output(outputs={"lock": store.add_bytes(data)})
 
     drv = store.build("debian-resolution", inputs, builder).drv
+    kept.append(drv.key)
     return DebianBaseLock.model_validate_json(store.read_blob(drv.outputs["lock"]))

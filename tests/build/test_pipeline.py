@@ -244,3 +244,20 @@ def test_the_docker_archive_can_be_left_out(
     assert full.json()["outputs"]["docker_archive"] == "docker-archive.tar"
     assert (repo / "out" / "docker-archive.tar").is_file()
     assert full.json()["image"] == lean.json()["image"]
+
+
+def test_gc_keeps_what_the_image_needs(repo: Path, overlapping: list[WheelRef], cli: Build) -> None:
+    spec = write_project(
+        repo, "kept", overlapping, '[image.overlaps]\n"cuda-python" = "cuda-bindings"\n'
+    )
+    first = build(cli, repo, spec, "--json")
+    assert first.exit_code == 0, first.stderr
+    store = Store(repo / "store")
+    kinds_before = sorted(store.lookup(k).kind for k in store.derivations())  # type: ignore[union-attr]
+    store.gc()
+    kinds_after = sorted(store.lookup(k).kind for k in store.derivations())  # type: ignore[union-attr]
+    assert "overlaps" in kinds_after and kinds_after.count("layer") == kinds_before.count("layer")
+    again = build(cli, repo, spec)
+    assert again.exit_code == 0, again.stderr
+    assert "(0 rebuilt)" in again.stderr
+    assert again.stdout.strip() == first.json()["image"]
