@@ -52,9 +52,21 @@ class NvccBuildExt(build_ext):
         out.parent.mkdir(parents=True, exist_ok=True)
         threads = os.environ.get("NVCC_THREADS", "1")
         cmd = [
-            find_nvcc(), "-shared", "-O2", "-Xcompiler", "-fPIC", "--threads", threads,
-            *flags, "-I", str(gen), "-I", sysconfig.get_paths()["include"],
-            "-o", str(out), *ext.sources,
+            find_nvcc(),
+            "-shared",
+            "-O2",
+            "-Xcompiler",
+            "-fPIC",
+            "--threads",
+            threads,
+            *flags,
+            "-I",
+            str(gen),
+            "-I",
+            sysconfig.get_paths()["include"],
+            "-o",
+            str(out),
+            *ext.sources,
         ]
         print("nvcc command: " + shlex.join(cmd), flush=True)
         subprocess.check_call(cmd)
