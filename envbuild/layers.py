@@ -30,8 +30,10 @@ import gzip
 import hashlib
 import logging
 import os
+import queue
 import stat
 import tarfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -47,6 +49,8 @@ from envbuild.store import Store
 log = logging.getLogger("envbuild.layers")
 
 CHUNK = 1 << 20
+#: 1 MiB buffers circulating between the tar writer and the thread hashing and feeding them on.
+BUFFERS = 4
 BLOCK = 512
 RECORD = 20 * BLOCK
 WHITEOUT = ".wh."
@@ -304,8 +308,8 @@ def arrange(entries: Iterable[Entry]) -> list[Entry]:
 
 
 class Sink:
-    """Collects writes into one 1 MiB buffer handed to ``out`` when full (``out`` must not keep
-    the view it gets). File contents are read straight into the buffer (:meth:`read_from`)."""
+    """Collects writes into a 1 MiB buffer handed to ``out`` when full (``out`` must not keep
+    the view it gets). File contents are read straight into the buffer (:meth:`read_exact`)."""
 
     def __init__(self, out: Callable[[bytes | bytearray | memoryview], None]) -> None:
         self.out = out
@@ -316,14 +320,40 @@ class Sink:
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
-        self.size += n
-        if self.fill + n > CHUNK:
-            self.flush()
-            if n >= CHUNK:
-                self.out(data)
-                return
-        self.view[self.fill : self.fill + n] = data
-        self.fill += n
+        fill = self.fill
+        if fill + n <= CHUNK:
+            self.view[fill : fill + n] = data
+            self.fill = fill + n
+            self.size += n
+            return
+        view = memoryview(data).cast("B")
+        while view:
+            if self.fill == CHUNK:
+                self.flush()
+            k = min(CHUNK - self.fill, len(view))
+            self.view[self.fill : self.fill + k] = view[:k]
+            self.fill += k
+            self.size += k
+            view = view[k:]
+
+    def read_exact(self, fd: int, size: int) -> bool:
+        """Append the ``size`` bytes of the file ``fd`` to the stream; False when the file turns
+        out longer or shorter. Each read asks for one byte more than is left, so a short read
+        (the end of a regular file) proves the size without another call."""
+        left = size
+        while True:
+            if self.fill == CHUNK:
+                self.flush()
+            fill = self.fill
+            want = min(left + 1, CHUNK - fill)
+            got = os.readv(fd, [self.view[fill : fill + want]])
+            if got > left:
+                return False  # longer; its extra byte is overwritten by what comes next
+            self.fill = fill + got
+            self.size += got
+            left -= got
+            if got < want and (not got or not left):
+                return not left  # the file's end: all of it, or it got shorter
 
     def read_from(self, fd: int, n: int) -> int:
         """Read up to ``n`` bytes of ``fd`` into the stream; returns how many came (0: EOF)."""
@@ -340,6 +370,70 @@ class Sink:
             self.fill = 0
 
 
+class _HandoffSink(Sink):
+    """A :class:`Sink` whose full buffers go to a thread that hashes them (the diff_id) and
+    writes them on (to the compressor's pipe), while this thread fills the next one: sha256
+    and the pipe's copy release the GIL, so they run beside the tar writer's Python. A few
+    1 MiB buffers circulate; nothing else is held."""
+
+    def __init__(self, out: Callable[[bytes | bytearray | memoryview], None], buffers: int) -> None:
+        super().__init__(out)
+        self.diff = hashlib.sha256()
+        self.failures: list[BaseException] = []
+        self._full: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(buffers - 1):
+            self._free.put(bytearray(CHUNK))
+        self._thread = threading.Thread(target=self._run, name="layer-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._full.get()) is not None:
+            buf, n = item
+            if not self.failures:
+                try:
+                    view = memoryview(buf)[:n]
+                    self.diff.update(view)
+                    self.out(view)
+                except BaseException as exc:  # handed to the writing thread at its next flush
+                    self.failures.append(exc)
+            self._free.put(buf)
+
+    def flush(self) -> None:
+        if self.failures:
+            raise self.failures[0]
+        if self.fill:
+            self._full.put((self.buf, self.fill))
+            self.buf = self._free.get()
+            self.view = memoryview(self.buf)
+            self.fill = 0
+
+    def abandon(self) -> None:
+        """Stop the thread without writing what is queued (the layer failed anyway)."""
+        self.failures.append(LayerError("the layer was abandoned"))
+        self._full.put(None)
+        self._thread.join()
+
+    def close(self) -> None:
+        """Wait for every buffer to be written; raises what went wrong in the thread."""
+        self._full.put(None)
+        self._thread.join()
+        if self.failures:
+            raise self.failures[0]
+
+
+@contextlib.contextmanager
+def _handoff(out: Callable[[bytes | bytearray | memoryview], None]) -> Iterator[_HandoffSink]:
+    sink = _HandoffSink(out, BUFFERS)
+    try:
+        yield sink
+        sink.flush()
+    except BaseException:
+        sink.abandon()
+        raise
+    sink.close()
+
+
 @dataclass
 class _Counts:
     entries: int = 0
@@ -354,42 +448,77 @@ _TYPES = {
     Kind.HARDLINK: tarfile.LNKTYPE,
 }
 _MAX_OCTAL_11 = 8**11
+_MAX_OCTAL_7 = 8**7
+_ZEROS = bytes(100)
+_TAIL = tarfile.GNU_MAGIC + bytes(512 - 265)  # magic "ustar  \0"; empty user/group names
+_TAIL_SUM = sum(_TAIL) + 8 * ord(" ")  # the checksum field counts as eight spaces
+
+
+def _short_header(
+    name: bytes, mode: int, uid: int, gid: int, size: int, mtime: int, typeflag: bytes, link: bytes
+) -> bytes:
+    """A GNU tar header block for a name and link of at most 100 bytes and numbers that fit
+    their octal fields (the caller checks): what ``tarfile`` writes, built in one join."""
+    nums = b"%07o\0%07o\0%07o\0%011o\0%011o\0" % (mode, uid, gid, size, mtime)
+    chksum = sum(name) + sum(nums) + typeflag[0] + sum(link) + _TAIL_SUM
+    return b"".join(
+        (name, _ZEROS[len(name) :], nums, b"%06o\0 " % chksum, typeflag, link,
+         _ZEROS[len(link) :], _TAIL)
+    )  # fmt: skip
+
+
+def _gnu_header(
+    name: bytes, mode: int, uid: int, gid: int, size: int, mtime: int, typeflag: bytes, link: bytes
+) -> bytes:
+    """The GNU tar header of one entry whose numbers fit their octal fields (the caller
+    checks): a ``././@LongLink`` record first for a link or name over 100 bytes, as
+    ``tarfile`` writes it (its own mode, ids and mtime 0, the name NUL-terminated)."""
+    if len(name) <= 100 and len(link) <= 100:
+        return _short_header(name, mode, uid, gid, size, mtime, typeflag, link)
+    parts = []
+    for value, kind in ((link, tarfile.GNUTYPE_LONGLINK), (name, tarfile.GNUTYPE_LONGNAME)):
+        if len(value) > 100:
+            n = len(value) + 1
+            parts.append(_short_header(b"././@LongLink", 0, 0, 0, n, 0, kind, b""))
+            parts.append(value + bytes(BLOCK - len(value) % BLOCK))  # NUL, then to the block
+    parts.append(_short_header(name[:100], mode, uid, gid, size, mtime, typeflag, link[:100]))
+    return b"".join(parts)
 
 
 def header(entry: Entry, mtime: int) -> bytes:
     """The tar header block(s) of ``entry``: exactly what ``tarfile`` writes in GNU format,
-    built directly for the common case (short names, sizes under 8 GiB) because packing a
-    layer of 50,000 files through ``TarInfo.tobuf`` costs seconds."""
+    built directly unless a number needs GNU's base-256 form (a file of 8 GiB or more)
+    because packing a layer of 50,000 files through ``TarInfo.tobuf`` costs seconds."""
     name = entry.path + "/" if entry.kind is Kind.DIR else entry.path
-    name_b = name.encode("utf-8", "surrogateescape")
-    link_b = entry.linkname.encode("utf-8", "surrogateescape")
     size = entry.size if entry.kind is Kind.FILE else 0
     if (
-        len(name_b) > 100
-        or len(link_b) > 100
-        or size >= _MAX_OCTAL_11
+        size >= _MAX_OCTAL_11
         or not 0 <= mtime < _MAX_OCTAL_11
-        or not 0 <= entry.uid < 8**7
-        or not 0 <= entry.gid < 8**7
+        or not 0 <= entry.uid < _MAX_OCTAL_7
+        or not 0 <= entry.gid < _MAX_OCTAL_7
     ):
         info = tarfile.TarInfo(name)
         info.mtime, info.mode = mtime, entry.mode & 0o7777
         info.uid, info.gid, info.uname, info.gname = entry.uid, entry.gid, "", ""
         info.type, info.linkname, info.size = _TYPES[entry.kind], entry.linkname, size
         return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
-    block = bytearray(512)
-    block[0 : len(name_b)] = name_b
-    block[100:108] = b"%07o\0" % (entry.mode & 0o7777)
-    block[108:116] = b"%07o\0" % entry.uid
-    block[116:124] = b"%07o\0" % entry.gid
-    block[124:136] = b"%011o\0" % size
-    block[136:148] = b"%011o\0" % mtime
-    block[148:156] = b"        "
-    block[156:157] = _TYPES[entry.kind]
-    block[157 : 157 + len(link_b)] = link_b
-    block[257:265] = tarfile.GNU_MAGIC
-    block[148:155] = b"%06o\0" % sum(block)
-    return bytes(block)
+    return _gnu_header(
+        name.encode("utf-8", "surrogateescape"),
+        entry.mode & 0o7777,
+        entry.uid,
+        entry.gid,
+        size,
+        mtime,
+        _TYPES[entry.kind],
+        entry.linkname.encode("utf-8", "surrogateescape"),
+    )
+
+
+def _end(sink: Sink) -> None:
+    """Two zero blocks, then zeros up to a whole 10 KiB record (as tar writes)."""
+    end = 2 * BLOCK
+    sink.write(bytes(end + (-(sink.size + end)) % RECORD))
+    sink.flush()
 
 
 def write_tar(
@@ -410,43 +539,42 @@ def write_tar(
         if entry.size:
             _copy_content(entry, sink)
             if entry.size % BLOCK:
-                sink.write(bytes(BLOCK - entry.size % BLOCK))
+                sink.write(_PAD[entry.size % BLOCK])
             if progress is not None:
                 progress(entry.size)
-    end = 2 * BLOCK
-    sink.write(bytes(end + (-(sink.size + end)) % RECORD))
-    sink.flush()
+    _end(sink)
     return counts
 
 
-def _changed(entry: Entry) -> InputFileError:
+_PAD = [bytes(BLOCK - n) for n in range(BLOCK)]  # _PAD[size % 512]: zeros to the block's end
+
+
+def _changed(path: str) -> InputFileError:
     return InputFileError(
-        str(entry.source) if isinstance(entry.source, Path) else entry.path,
-        "changed size while it was being packed",
-        hint="do not modify the tree during a build",
+        path, "changed size while it was being packed", hint="do not modify the tree during a build"
     )
+
+
+def _copy_file(path: str | bytes, size: int, sink: Sink) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputFileError(os.fsdecode(path), f"cannot read: {exc.strerror}") from exc
+    try:
+        exact = sink.read_exact(fd, size)
+    finally:
+        os.close(fd)
+    if not exact:
+        raise _changed(os.fsdecode(path))
 
 
 def _copy_content(entry: Entry, sink: Sink) -> None:
     if entry.source is None:
         raise LayerError(f"{entry.path!r} has {entry.size} bytes but no source")
-    left = entry.size
     if isinstance(entry.source, Path):
-        try:
-            fd = os.open(entry.source, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise InputFileError(str(entry.source), f"cannot read: {exc.strerror}") from exc
-        try:
-            while left:
-                got = sink.read_from(fd, left)
-                if not got:
-                    break
-                left -= got
-            if left or os.read(fd, 1):
-                raise _changed(entry)
-        finally:
-            os.close(fd)
+        _copy_file(str(entry.source), entry.size, sink)
         return
+    left = entry.size
     with entry.source() as f:
         while left:
             data = f.read(min(left, CHUNK))
@@ -455,46 +583,133 @@ def _copy_content(entry: Entry, sink: Sink) -> None:
             sink.write(data)
             left -= len(data)
         if left or f.read(1):
-            raise _changed(entry)
+            raise _changed(entry.path)
 
 
-def write_layer(
+def _write_tree(
+    root: Path,
+    prefix: str,
+    sink: Sink,
+    mtime: int,
+    progress: Callable[[int], None] | None,
+) -> _Counts:
+    """Write the tree at ``root`` under ``prefix`` as one tar stream, walking it in the final
+    order: the same bytes as ``write_tar(arrange(tree_entries(root, prefix=prefix)))``, but
+    no list of entries is built and the stream starts at once. Within a directory, a
+    subdirectory's contents sort as its name plus ``/`` (so ``a.txt`` comes between ``a``
+    and ``a/x``), which is the bytewise order of the full paths."""
+    counts = _Counts()
+    short = 0 <= mtime < _MAX_OCTAL_11
+    first_of: dict[tuple[int, int], bytes] = {}
+
+    def emit(path: bytes, kind: Kind, mode: int, size: int = 0, link: bytes = b"") -> None:
+        name = path + b"/" if kind is Kind.DIR else path
+        if short and len(name) <= 100 and len(link) <= 100 and size < _MAX_OCTAL_11:
+            sink.write(_short_header(name, mode, 0, 0, size, mtime, _TYPES[kind], link))
+        elif short and size < _MAX_OCTAL_11:
+            sink.write(_gnu_header(name, mode, 0, 0, size, mtime, _TYPES[kind], link))
+        else:
+            entry = Entry(os.fsdecode(path), kind, mode, size=size, linkname=os.fsdecode(link))
+            sink.write(header(entry, mtime))
+        counts.entries += 1
+
+    def listing(directory: bytes) -> Iterator[tuple[bytes, int, os.DirEntry[bytes]]]:
+        try:
+            with os.scandir(directory) as it:
+                children = list(it)
+        except OSError as exc:
+            raise InputFileError(
+                os.fsdecode(directory), f"cannot read the directory: {exc.strerror}"
+            ) from exc
+        keyed: list[tuple[bytes, int, os.DirEntry[bytes]]] = []
+        for child in children:
+            if child.is_dir(follow_symlinks=False):  # d_type: no stat needed
+                keyed.append((child.name, _DIR, child))
+                keyed.append((child.name + b"/", _DESCEND, child))
+            else:
+                keyed.append((child.name, _OTHER, child))
+        keyed.sort(key=_first)
+        return iter(keyed)
+
+    top = list(listing(os.fsencode(root)))
+    rel = b""
+    for part in prefix.split("/") if prefix and top else ():  # an empty tree adds no parents
+        rel += os.fsencode(part)
+        emit(rel, Kind.DIR, 0o755)
+        rel += b"/"
+    stack = [(iter(top), rel)]
+    while stack:
+        children, rel = stack[-1]
+        for _key, what, child in children:
+            path = rel + child.name
+            if what == _DESCEND:
+                stack.append((listing(child.path), path + b"/"))
+                break
+            if what == _DIR:
+                emit(path, Kind.DIR, 0o755)
+                continue
+            if child.is_symlink():
+                emit(path, Kind.SYMLINK, 0o777, link=os.readlink(child.path))
+                continue
+            st = child.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise LayerError(
+                    f"{os.fsdecode(child.path)} is a device file, fifo or socket; a layer holds "
+                    "only files, directories and links",
+                    hint="remove it from the tree before packing",
+                )
+            mode = 0o755 if st.st_mode & 0o111 else 0o644
+            if st.st_nlink > 1:
+                ident = (st.st_dev, st.st_ino)
+                first = first_of.get(ident)
+                if first is not None:
+                    emit(path, Kind.HARDLINK, mode, link=first)
+                    continue
+                first_of[ident] = path
+            size = st.st_size
+            emit(path, Kind.FILE, mode, size)
+            counts.files += 1
+            if size:
+                counts.file_bytes += size
+                _copy_file(child.path, size, sink)
+                if size % BLOCK:
+                    sink.write(_PAD[size % BLOCK])
+                if progress is not None:
+                    progress(size)
+        else:
+            stack.pop()
+    _end(sink)
+    return counts
+
+
+_DIR, _DESCEND, _OTHER = 0, 1, 2
+
+
+def _first(item: tuple[bytes, int, object]) -> bytes:
+    return item[0]
+
+
+def _write(
     store: Store,
-    entries: Iterable[Entry],
-    *,
-    compression: Compression = Compression.ZSTD,
-    level: int | None = None,
-    mtime: int | None = None,
-    progress: Callable[[int], None] | None = None,
+    compression: Compression,
+    level: int,
+    produce: Callable[[Sink], _Counts],
 ) -> Layer:
-    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it.
-    ``progress`` is called with the byte count of each file packed."""
-    arranged = arrange(entries)
-    level = DEFAULT_LEVEL[compression] if level is None else level
-    mtime = source_date_epoch() if mtime is None else mtime
-    diff = hashlib.sha256()
+    """Run ``produce`` (which writes one tar stream into a sink) into a new layer blob."""
     with store.blob_writer() as blob:
         if compression is Compression.NONE:
-
-            def out(data: bytes | bytearray | memoryview) -> None:
-                diff.update(data)
-                blob.write(data)
-
-            sink = Sink(out)
-            counts = write_tar(arranged, sink, mtime, progress)
+            with _handoff(blob.write) as sink:
+                counts = produce(sink)
         else:
             argv = _compress_argv(compression, level)
-            with proc.filter_bytes(argv, blob.write, hint=_install_hint(argv[0])) as feed:
-
-                def out(data: bytes | bytearray | memoryview) -> None:
-                    diff.update(data)
-                    feed(data)
-
-                sink = Sink(out)
-                counts = write_tar(arranged, sink, mtime, progress)
+            with (
+                proc.filter_bytes(argv, blob.write, hint=_install_hint(argv[0])) as feed,
+                _handoff(feed) as sink,
+            ):
+                counts = produce(sink)
     layer = Layer(
         digest=blob.digest,
-        diff_id=f"sha256:{diff.hexdigest()}",
+        diff_id=f"sha256:{sink.diff.hexdigest()}",
         size=blob.size,
         media_type=MEDIA_TYPES[compression],
         compression=compression,
@@ -514,6 +729,23 @@ def write_layer(
     return layer
 
 
+def write_layer(
+    store: Store,
+    entries: Iterable[Entry],
+    *,
+    compression: Compression = Compression.ZSTD,
+    level: int | None = None,
+    mtime: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Layer:
+    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it.
+    ``progress`` is called with the byte count of each file packed."""
+    arranged = arrange(entries)
+    level = DEFAULT_LEVEL[compression] if level is None else level
+    when = source_date_epoch() if mtime is None else mtime
+    return _write(store, compression, level, lambda s: write_tar(arranged, s, when, progress))
+
+
 def layer_from_tree(
     store: Store,
     root: Path,
@@ -525,10 +757,19 @@ def layer_from_tree(
     extra: Iterable[Entry] = (),
     progress: Callable[[int], None] | None = None,
 ) -> Layer:
-    """Pack the tree at ``root`` (placed under ``prefix``), plus ``extra`` entries (whiteouts)."""
-    entries = [*tree_entries(root, prefix=prefix), *extra]
-    return write_layer(
-        store, entries, compression=compression, level=level, mtime=mtime, progress=progress
+    """Pack the tree at ``root`` (placed under ``prefix``), plus ``extra`` entries (whiteouts).
+    Without ``extra`` the tree is written as it is walked (no list of entries first)."""
+    extra = list(extra)
+    if extra:
+        entries = [*tree_entries(root, prefix=prefix), *extra]
+        return write_layer(
+            store, entries, compression=compression, level=level, mtime=mtime, progress=progress
+        )
+    base = normalize_path(prefix)
+    level = DEFAULT_LEVEL[compression] if level is None else level
+    when = source_date_epoch() if mtime is None else mtime
+    return _write(
+        store, compression, level, lambda s: _write_tree(Path(root), base, s, when, progress)
     )
 
 

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from envbuild import layers as layers_mod
+from envbuild.errors import ToolFailed
 from envbuild.layers import (
     Compression,
     Entry,
     Kind,
     LayerError,
+    Sink,
     header,
     layer_from_tree,
     open_uncompressed,
+    tree_entries,
     whiteout,
     write_layer,
 )
@@ -188,6 +192,10 @@ def test_whiteouts_and_refusals(tmp_path):
         Entry("d" * 99, Kind.DIR, 0o755),  # 100 bytes with its slash: still fits
         Entry("long/" + "y" * 150, Kind.FILE, 0o644, size=7),
         Entry("l", Kind.SYMLINK, 0o777, linkname="t" * 200),
+        Entry("h/" + "n" * 300, Kind.HARDLINK, 0o755, linkname="t/" + "k" * 511),
+        Entry("n" * 101, Kind.FILE, 0o644, size=3),
+        Entry("\u00e9" * 60, Kind.FILE, 0o644, size=3),  # 60 characters, 120 bytes
+        Entry("d" * 100, Kind.DIR, 0o755),  # 101 bytes with its slash
         Entry("big", Kind.FILE, 0o644, size=9 * 1024**3),
         Entry("uid", Kind.FILE, 0o644, uid=3_000_000, size=1),
     ],
@@ -214,3 +222,49 @@ def test_progress_counts_every_packed_byte(tmp_path):
     seen: list[int] = []
     layer = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", progress=seen.append)
     assert sum(seen) == layer.file_bytes == sum(len(d) for d, _x in FILES.values())
+
+
+def test_walked_tree_is_the_stream_of_its_sorted_entries(tmp_path):
+    """layer_from_tree writes the tree as it walks it; the bytes must be those of the sorted,
+    arranged entry list (a directory's contents sort as its name plus '/')."""
+    tree = tmp_path / "t"
+    make_tree(tree, umask=0o022, order_seed=4, mtime=0)
+    for rel in ("a/x", "a.txt", "a0", "a/.hidden", "ab/z", "deep/" + "p/" * 40 + "f"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(rel.encode() * 300)
+    os.link(tree / "a.txt", tree / "a/z-hard")  # the content goes to a.txt: first in order
+    (tree / "a" / "to-dir").symlink_to("../ab")
+    store = Store(tmp_path / "s")
+    for prefix in ("", "opt/venv"):
+        walked = layer_from_tree(store, tree, prefix=prefix, compression=Compression.NONE)
+        listed = write_layer(store, tree_entries(tree, prefix=prefix), compression=Compression.NONE)
+        assert walked == listed
+    (tmp_path / "empty").mkdir()
+    empty = layer_from_tree(store, tmp_path / "empty", prefix="opt/venv")
+    assert empty == write_layer(store, [])
+    assert empty.entries == 0
+
+
+def test_a_file_of_another_size_than_its_stat_is_refused(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 3000)
+    for size, exact in ((3000, True), (2999, False), (3001, False), (0, False)):
+        sink = Sink(lambda _data: None)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert sink.read_exact(fd, size) is exact
+        finally:
+            os.close(fd)
+
+
+def test_a_failing_compressor_leaves_nothing(tmp_path, monkeypatch):
+    tree = tmp_path / "t"
+    make_tree(tree, umask=0o022, order_seed=1, mtime=0)
+    (tree / "big.bin").write_bytes(os.urandom(3 << 20))
+    store = Store(tmp_path / "s")
+    failing = ["sh", "-c", "head -c 1000 >/dev/null; echo compressor broke >&2; exit 3"]
+    monkeypatch.setattr(layers_mod, "_compress_argv", lambda _c, _l: failing)
+    with pytest.raises(ToolFailed) as failed:
+        layer_from_tree(store, tree)
+    assert "compressor broke" in failed.value.output_tail
+    assert list(store.tmp.iterdir()) == []
