@@ -25,12 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Literal, cast
 
 from packaging.utils import canonicalize_name
 
 from envbuild import layers
-from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
+from envbuild.builder import Builder, HostBuilder
+from envbuild.errors import EnvbuildError, EnvironmentFailure, UsageError, UserError
 from envbuild.fetch import fetch_wheels
 from envbuild.fsio import canonical_json, sha256_file
 from envbuild.install import (
@@ -58,9 +59,12 @@ from envbuild.plan import (
     image_config,
     key_of,
     layer_plan,
+    resolve_layer,
     select_wheels,
 )
 from envbuild.progress import NULL, Progress
+from envbuild.sourceplan import describe
+from envbuild.sources import SourceOutcome, realize_sources
 from envbuild.spec import LoadedSpec
 from envbuild.store import Output, Store
 
@@ -188,6 +192,7 @@ def make_plan(
                 inputs=inputs,
                 dists=[dist],
                 wheel_bytes=b.sdist.size,
+                provisional=True,
             )
         )
     return Plan(
@@ -202,6 +207,7 @@ def make_plan(
         base=base,
         layers=planned,
         config=image_config(spec, spec_hash=loaded.spec_hash(), lock_hash=lock_hash),
+        sources=describe(loaded, lock),
     )
 
 
@@ -240,6 +246,17 @@ def _plan_base(loaded: LoadedSpec, lock: Lock, pack: dict[str, str | int]) -> Pl
     )
 
 
+@dataclass(frozen=True)
+class BuilderOptions:
+    """Where source builds run: ``host`` (a build venv here) or ``container`` (a builder
+    container made from the image's own lower layers, on the Docker engine at ``docker_host``,
+    default ``$DOCKER_HOST``, attached to ``network``)."""
+
+    mode: Literal["host", "container"] = "host"
+    network: str = "host"
+    docker_host: str | None = None
+
+
 @dataclass
 class BuildResult:
     manifest: BuildManifest | None
@@ -248,6 +265,7 @@ class BuildResult:
     timings: dict[str, float] = field(default_factory=dict)
     rebuilt: list[str] = field(default_factory=list)  # names of layers installed and packed now
     reused: list[str] = field(default_factory=list)
+    sources: list[SourceOutcome] = field(default_factory=list)  # source builds and patches
 
 
 # --- the build --------------------------------------------------------------------------------
@@ -276,8 +294,14 @@ def build(
     compression: layers.Compression = COMPRESSION,
     docker_archive: bool = True,
     progress: Progress = NULL,
+    builder: BuilderOptions | None = None,
 ) -> BuildResult:
-    """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``)."""
+    """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``).
+
+    The layers whose key the plan knows (base, venv, big distributions, groups, an unpatched
+    vLLM) are built first; then the sources stage realizes the source builds and patches (a
+    builder container needs those lower layers) and the layers installing them get their keys.
+    """
     timings: dict[str, float] = {}
     with stage("plan", timings):
         lock, lock_hash = load_lock(loaded)
@@ -285,53 +309,115 @@ def build(
     out = output if output is not None else loaded.root / "images" / loaded.name
     if dry_run:
         return BuildResult(None, plan, None, timings)
-    if any(layer.kind == "build" for layer in plan.layers) or loaded.spec.patches:
-        raise UserError(
-            "source builds and patches are planned but this envbuild cannot build them yet",
-            hint="remove [builds] and [patches] from the spec, or build with a newer envbuild",
-        )
     result = BuildResult(None, plan, out, timings)
     kept: list[str] = []
+    target = _target(plan)
+    comp = _compression(plan)
     with store.session():
         built: dict[str, BuiltLayer] = {}
-        todo = [layer for layer in plan.layers if store.lookup(layer.key) is None]
-        target = _target(plan)
+        lower = [layer for layer in plan.layers if not layer.provisional]
         wheels = _wheel_refs(lock, plan)
+        by_sha = {w.sha256: w for w in wheels}
         with stage("fetch", timings):
-            blobs: dict[str, Path] = {}
-            if todo:
-                needed = {d.sha256 for layer in todo for d in layer.dists}
-                blobs = fetch_wheels(
-                    [w for w in wheels if w.sha256 in needed], store, progress=progress
-                )
+            todo = [layer for layer in lower if not store.available(layer.key)]
+            needed = {d.sha256 for layer in todo for d in layer.dists}
+            blobs = fetch_wheels(
+                [w for w in wheels if w.sha256 in needed], store, progress=progress
+            )
             overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
         with stage("base", timings):
-            base = _base_stage(loaded, lock, store, _compression(plan), progress, kept)
-        with stage("layers", timings), ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            jobs = {
-                layer.name: pool.submit(
-                    _layer, layer, store, blobs, leaves, target, _compression(plan), progress
-                )
-                for layer in plan.layers
-            }
-            for layer in plan.layers:
-                got, reused = jobs[layer.name].result()
-                built[layer.name] = got
-                (result.reused if reused else result.rebuilt).append(layer.name)
+            base = _base_stage(loaded, lock, store, comp, progress, kept)
+        with stage("layers", timings):
+            _layers(lower, store, blobs, by_sha, leaves, target, comp, progress, built, result)
+        with stage("sources", timings):
+            made = realize_sources(
+                loaded,
+                lock,
+                store,
+                lambda: _builder(builder or BuilderOptions(), loaded, plan, store, base, built),
+                locked={w.canonical: w for w in wheels},
+                progress=progress,
+            )
+            plan = plan.with_layers(
+                [
+                    resolve_layer(
+                        layer,
+                        made.wheels[layer.name].wheel,
+                        made.wheels[layer.name].sources,
+                    )
+                    if layer.provisional
+                    else layer
+                    for layer in plan.layers
+                ]
+            )
+            result.plan, result.sources = plan, made.outcomes
+            blobs.update({r.wheel.sha256: r.path for r in made.wheels.values()})
+        with stage("layers", timings):
+            top = [layer for layer in plan.layers if layer.name not in built]
+            _layers(top, store, blobs, by_sha, leaves, target, comp, progress, built, result)
         with stage("image", timings):
             manifest = write_outputs(
-                plan, store, base, built, overlaps, out, docker_archive=docker_archive
+                plan,
+                store,
+                base,
+                built,
+                overlaps,
+                out,
+                docker_archive=docker_archive,
+                source_builds=made.builds,
+                patches=made.patches,
             )
         with stage("root", timings):
             store.set_root(
                 f"image-{plan.spec}",
                 blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
-                # the overlap report and a Debian resolution too: gc must not make the next
-                # build redo them
-                derivations=[*(layer.key for layer in plan.layers), *kept],
+                # the overlap report, a Debian resolution, the source builds and patched wheels
+                # too: gc must not make the next build redo them
+                derivations=[*(layer.key for layer in plan.layers), *kept, *made.keys],
             )
     result.manifest = manifest
     return result
+
+
+def _layers(
+    todo: list[PlanLayer],
+    store: Store,
+    blobs: dict[str, Path],
+    by_sha: dict[str, WheelRef],
+    leaves: dict[str, frozenset[str]],
+    target: VenvTarget,
+    compression: layers.Compression,
+    progress: Progress,
+    built: dict[str, BuiltLayer],
+    result: BuildResult,
+) -> None:
+    """Install and pack ``todo`` (or find them in the store), ``WORKERS`` at a time."""
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        jobs = {
+            layer.name: pool.submit(
+                _layer, layer, store, blobs, by_sha, leaves, target, compression, progress
+            )
+            for layer in todo
+        }
+        for layer in todo:
+            got, reused = jobs[layer.name].result()
+            built[layer.name] = got
+            (result.reused if reused else result.rebuilt).append(layer.name)
+
+
+def _builder(
+    options: BuilderOptions,
+    loaded: LoadedSpec,
+    plan: Plan,
+    store: Store,
+    base: BaseResult,
+    built: dict[str, BuiltLayer],
+) -> Builder:
+    """The builder source builds run in; a builder container's image is the base and every
+    layer built so far (venv, torch and the rest), with the image's env."""
+    if options.mode == "host":
+        return HostBuilder(loaded.spec.python.version)
+    raise UsageError("--builder container is not available yet")
 
 
 def _target(plan: Plan) -> VenvTarget:
@@ -345,6 +431,7 @@ def _target(plan: Plan) -> VenvTarget:
 
 
 def _wheel_refs(lock: Lock, plan: Plan) -> list[WheelRef]:
+    """The locked wheels the plan's layers install (a patched distribution's original too)."""
     by_sha = {
         w.sha256: w
         for w in select_wheels(
@@ -396,6 +483,7 @@ def _layer(
     layer: PlanLayer,
     store: Store,
     blobs: dict[str, Path],
+    by_sha: dict[str, WheelRef],
     leaves: dict[str, frozenset[str]],
     target: VenvTarget,
     compression: layers.Compression,
@@ -412,6 +500,9 @@ def _layer(
             if layer.kind == "venv":
                 write_venv(root, target)
             else:
+                if missing := [by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
+                    # the remote cache said it had this layer, then did not deliver it
+                    blobs.update(fetch_wheels(missing, store, progress=progress))
                 refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
                 with progress.task(f"install {layer.name}", len(refs), unit="dists") as task:
                     install(

@@ -203,6 +203,9 @@ class CachedStore(Store):
         """``store`` with ``remote`` in front of it (``store`` itself when no cache is given)."""
         return store if remote is None else cls(store.root, remote)
 
+    def available(self, key: str) -> bool:
+        return super().available(key) or self.remote.has(key)
+
     def build(
         self, kind: str, inputs: Mapping[str, Any], builder: Callable[[], Output]
     ) -> Realized:

@@ -9,15 +9,39 @@ venv, and sets the same env, command and labels as :func:`envbuild.plan.image_co
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import jinja2
+from packaging.utils import canonicalize_name
 
-from envbuild.errors import UserError
+from envbuild.errors import ManifestError, UserError
+from envbuild.fsio import atomic_writer
 from envbuild.install import uv_version
 from envbuild.lock import Lock
+from envbuild.manifest import MANIFEST_FILE, BuildManifest
 from envbuild.plan import image_config, select_wheels
 from envbuild.spec import LoadedSpec
+from envbuild.store import Store
+
+#: Where ``envbuild dockerfile -o FILE`` puts the wheels envbuild built or patched, beside FILE;
+#: the Dockerfile COPYs them from there (the build context is FILE's folder).
+WHEELS_DIR = "envbuild-wheels"
+#: Where it puts a rootfs base's tarball, which the Dockerfile ADDs to ``FROM scratch``.
+BASE_DIR = "envbuild-base"
+
+
+@dataclass(frozen=True)
+class StoreWheel:
+    """A wheel the Dockerfile cannot get from an index: one ``envbuild build`` built or patched."""
+
+    dist: str
+    version: str
+    filename: str
+    sha256: str
+    note: str  # what made it, for a comment
 
 
 @dataclass(frozen=True)
@@ -25,6 +49,44 @@ class Dockerfile:
     text: str
     base: str
     requirements: list[str]
+    wheels: list[StoreWheel] = field(default_factory=list)
+
+
+def store_wheels(
+    loaded: LoadedSpec, lock_hash: str, manifest: BuildManifest | None
+) -> list[StoreWheel]:
+    """The source-built and patched wheels of the last ``envbuild build`` of this spec and lock
+    (its build manifest): the Dockerfile installs those very wheels rather than building or
+    patching anything itself."""
+    spec = loaded.spec
+    shown = loaded.display(loaded.path)
+    if manifest is None:
+        raise UserError(
+            f"{shown} has source builds or patches; the Dockerfile installs the wheels "
+            "`envbuild build` made, and it has not built this spec yet",
+            hint=f"run `envbuild build {shown}` first (or pass its output with --build DIR)",
+        )
+    if manifest.spec_hash != loaded.spec_hash() or manifest.lock_hash != lock_hash:
+        raise UserError(
+            f"the build manifest of {spec.name} is from another version of the spec or lock",
+            hint=f"run `envbuild build {shown}` again",
+        )
+    out: dict[str, StoreWheel] = {}
+    for b in manifest.source_builds:
+        flags = " ".join(f"{k}={v}" for k, v in sorted(b.flags.items()))
+        sass = ", ".join(b.audit_sass()) or "none"
+        note = (
+            f"built from {b.sdist['name']} (source build {b.key[:12]}) with {flags or 'no flags'}; "
+            f"MAX_JOBS {b.max_jobs}; audit SASS {sass}"
+        )
+        out[b.dist] = StoreWheel(b.dist, b.version, b.wheel, b.wheel_sha256, note)
+    for p in manifest.patches:
+        names = ", ".join(f"{x['path']} (sha256 {x['sha256'][:12]})" for x in p.patches)
+        note = f"{p.source_wheel['name']} patched with {names} (patch {p.key[:12]})"
+        if p.dist in out:
+            note = f"{out[p.dist].note}; then {note}"
+        out[p.dist] = StoreWheel(p.dist, p.patched_version, p.wheel, p.wheel_sha256, note)
+    return [out[k] for k in sorted(out)]
 
 
 def _dq(value: str) -> str:
@@ -51,29 +113,48 @@ def base_ref(loaded: LoadedSpec) -> str:
         return f"debian:{base.suite}"
     if base.kind == "image":
         return base.ref
+    if base.kind == "rootfs":
+        return "scratch"
     raise UserError(
         f"a {base.kind} base has no registry reference a Dockerfile could start FROM",
         hint="load it into docker first and use a spec with an [base] kind = 'image'",
     )
 
 
+def base_tarball(loaded: LoadedSpec) -> Path | None:
+    """A rootfs base's tarball (the Dockerfile ADDs it to ``scratch`` from :data:`BASE_DIR`)."""
+    base = loaded.spec.base
+    return (loaded.path.parent / base.path).resolve() if base.kind == "rootfs" else None
+
+
 def render_dockerfile(
-    loaded: LoadedSpec, lock: Lock, *, lock_hash: str, lock_file: str
+    loaded: LoadedSpec,
+    lock: Lock,
+    *,
+    lock_hash: str,
+    lock_file: str,
+    manifest: BuildManifest | None = None,
 ) -> Dockerfile:
+    """The Dockerfile of ``loaded``. A spec with source builds or patches needs ``manifest``, the
+    build manifest of ``envbuild build`` for this spec and lock: the Dockerfile COPYs the wheels
+    that build made (see :data:`WHEELS_DIR`) and installs them with their sha256 checked."""
     spec = loaded.spec
+    extra: list[StoreWheel] = []
     if lock.envbuild.builds or spec.patches:
-        raise UserError(
-            "the Dockerfile cannot express source builds or patches yet",
-            hint="build this spec with `envbuild build`",
-        )
-    wheels = select_wheels(lock)
+        extra = store_wheels(loaded, lock_hash, manifest)
+    ours = {w.dist for w in extra}
+    built = frozenset(canonicalize_name(b.name) for b in lock.envbuild.builds)
+    wheels = [w for w in select_wheels(lock, skip=built) if w.canonical not in ours]
     requirements = [f"{w.canonical}=={w.version} --hash=sha256:{w.sha256}" for w in wheels]
+    requirements += [f"{w.dist}=={w.version} --hash=sha256:{w.sha256}" for w in extra]
+    requirements.sort()
     config = image_config(spec, spec_hash=loaded.spec_hash(), lock_hash=lock_hash)
     base = spec.base
     apt = sorted(base.packages) if base.kind == "debian" else []
     if base.kind == "debian" and "python3-venv" not in apt:
         apt = sorted({*apt, "python3-venv"})
     indexes = [i.url for i in lock.envbuild.indexes]
+    tarball = base_tarball(loaded)
     text = (
         _environment()
         .get_template("Dockerfile.j2")
@@ -84,6 +165,7 @@ def render_dockerfile(
             lock_file=lock_file,
             lock_hash=lock_hash,
             base_ref=base_ref(loaded),
+            base_tarball=f"{BASE_DIR}/{tarball.name}" if tarball else None,
             apt_packages=apt,
             uv_version=uv_version().split()[1],
             interpreter=spec.python.interpreter,
@@ -96,6 +178,52 @@ def render_dockerfile(
             workdir=config.workdir,
             entrypoint=config.entrypoint,
             cmd=config.cmd,
+            store_wheels=extra,
+            wheels_dir=WHEELS_DIR,
         )
     )
-    return Dockerfile(text, base_ref(loaded), requirements)
+    return Dockerfile(text, base_ref(loaded), requirements, extra)
+
+
+def copy_base(loaded: LoadedSpec, dest: Path) -> Path | None:
+    """Put a rootfs base's tarball into ``dest`` (a hard link where the file system allows)."""
+    tarball = base_tarball(loaded)
+    if tarball is None:
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / tarball.name
+    target.unlink(missing_ok=True)
+    try:
+        os.link(tarball, target)
+    except OSError:
+        shutil.copyfile(tarball, target)
+    return target
+
+
+def copy_wheels(store: Store, wheels: list[StoreWheel], dest: Path) -> list[Path]:
+    """Copy the store's ``wheels`` into ``dest`` under their file names (for the COPY)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for w in wheels:
+        src = store.blob_path(f"sha256:{w.sha256}")
+        if not src.is_file():
+            raise UserError(
+                f"{w.filename} is no longer in the store {store.root} (removed by `envbuild gc`?)",
+                hint="run `envbuild build` again; it rebuilds or re-patches it",
+            )
+        target = dest / w.filename
+        with src.open("rb") as f, atomic_writer(target) as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+        out.append(target)
+    return out
+
+
+def read_build_manifest(folder: Path) -> BuildManifest | None:
+    """The build manifest ``envbuild build`` wrote into ``folder``, if any."""
+    path = folder / MANIFEST_FILE
+    try:
+        return BuildManifest.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ManifestError(f"{path} is not a build manifest of this envbuild: {exc}") from None

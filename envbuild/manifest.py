@@ -55,6 +55,45 @@ class BuiltLayer(_Model):
     leaves_out: dict[str, list[str]] = Field(default_factory=dict)
 
 
+class SourceBuildRecord(_Model):
+    """One source build the image holds: its derivation key and inputs, and the audit's facts."""
+
+    dist: str
+    version: str
+    key: str = Field(description="the source build's derivation key (its input key)")
+    sdist: dict[str, str] = Field(description="file name and sha256")
+    flags: dict[str, str] = Field(description="the build flags keyed (declared and forced)")
+    max_jobs: int | None = Field(description="MAX_JOBS the build ran with")
+    builder: dict[str, Any] = Field(
+        description="where it ran (host, or a container and its rootfs)"
+    )
+    toolchain: dict[str, Any] = Field(description="Python and compiler versions")
+    wheel: str
+    wheel_sha256: str
+    origin: str = Field(description="'built', or 'added' with `envbuild store add-wheel`")
+    audit: dict[str, Any] = Field(description="SASS/PTX per compiled file (envbuild.audit)")
+    target_ccs: list[str] = Field(default_factory=list)
+
+    def audit_sass(self) -> list[str]:
+        from envbuild.audit import Audit
+
+        return Audit.model_validate(self.audit).sass
+
+
+class PatchRecord(_Model):
+    """One patched distribution the image holds."""
+
+    dist: str
+    version: str = Field(description="the locked (or built) version")
+    patched_version: str
+    key: str = Field(description="the patch derivation's key")
+    source_wheel: dict[str, str] = Field(description="the wheel patched: file name and sha256")
+    patches: list[dict[str, str]] = Field(description="path and sha256 of each patch, in order")
+    files: list[str] = Field(description="files the patches changed, relative to site-packages")
+    wheel: str
+    wheel_sha256: str
+
+
 class BuildManifest(_Model):
     """What ``envbuild build`` made, as ``images/<spec>/build-manifest.json`` (canonical JSON)."""
 
@@ -67,6 +106,8 @@ class BuildManifest(_Model):
     source_date_epoch: int
     layers: list[BuiltLayer]
     overlaps: list[dict[str, Any]] = Field(default_factory=list)
+    source_builds: list[SourceBuildRecord] = Field(default_factory=list)
+    patches: list[PatchRecord] = Field(default_factory=list)
     config: str = Field(description="digest of the image config")
     image: str = Field(description="digest of the image manifest: the image's digest")
     outputs: dict[str, str] = Field(description="files written, relative to the output dir")
@@ -87,9 +128,11 @@ def write_outputs(
     out: Path,
     *,
     docker_archive: bool = True,
+    source_builds: list[SourceBuildRecord] | None = None,
+    patches: list[PatchRecord] | None = None,
 ) -> BuildManifest:
     ours = [built[layer.name] for layer in plan.layers]
-    mine = [_as_layer(store, b) for b in ours]
+    mine = [stored_layer(store, b) for b in ours]
     config = image.ImageConfig(
         env=plan.config.env,
         cmd=plan.config.cmd,
@@ -130,6 +173,8 @@ def write_outputs(
         source_date_epoch=plan.source_date_epoch,
         layers=[*base_built, *ours],
         overlaps=overlaps,
+        source_builds=source_builds or [],
+        patches=patches or [],
         config=img.config_digest,
         image=img.manifest_digest,
         outputs=outputs,
@@ -160,7 +205,8 @@ def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
     )
 
 
-def _as_layer(store: Store, b: BuiltLayer) -> layers.Layer:
+def stored_layer(store: Store, b: BuiltLayer) -> layers.Layer:
+    """The packed layer a built layer names, from its derivation record."""
     drv = store.lookup(b.key)
     if drv is None:
         raise EnvironmentFailure(f"layer {b.name} ({b.key[:12]}) vanished from the store")

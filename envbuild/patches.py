@@ -350,8 +350,13 @@ def realize_patch(
     patches: Sequence[tuple[Path, PatchRef]],
     *,
     filename: str | None = None,
+    wheel_sha256: str | None = None,
 ) -> PatchResult:
-    """The patched wheel of ``dist``: from the store when these inputs were patched before."""
+    """The patched wheel of ``dist``: from the store when these inputs were patched before.
+
+    ``wheel_sha256``: the wheel's sha256 when already known (a store blob is named by it), so a
+    patch found in the store neither reads nor hashes the wheel (``wheel`` need not exist then).
+    """
     for path, ref in patches:
         if not path.is_file():
             raise InputFileError(ref.path, "no such patch file")
@@ -361,7 +366,7 @@ def realize_patch(
                 f"{ref.path}: sha256 {got}, the lock says {ref.sha256}",
                 hint="the patch changed since the lock was made; run `envbuild lock`",
             )
-    wheel_sha = sha256_file(wheel)
+    wheel_sha = wheel_sha256 or sha256_file(wheel)
     filename = filename or wheel.name  # a store blob is named by its digest: pass the file name
     inputs = patch_inputs(dist, filename, wheel_sha, [r for _, r in patches])
     key = derivation_key(KIND, inputs)

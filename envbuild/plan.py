@@ -74,6 +74,24 @@ class PlanLayer(_Model):
         description="distribution -> the one that wins their shared paths ([image.overlaps])",
     )
     wheel_bytes: int = 0
+    provisional: bool = Field(
+        False,
+        description="a source-build or patch layer: its key is the plan's guess, replaced by the "
+        "build once the wheel it installs exists (the key then names that wheel and the "
+        "derivations that made it)",
+    )
+
+
+class PlannedDerivation(_Model):
+    """A source build or patch set of the spec, before anything is built."""
+
+    kind: Literal["source-build", "patch"]
+    dist: str
+    version: str
+    summary: str = Field(description="one line for people")
+    inputs: dict[str, Any] = Field(description="the inputs the spec and lock decide")
+    key: str | None = Field(None, description="known before building for patches of locked wheels")
+    patched_version: str | None = None
 
 
 class PlanBase(_Model):
@@ -112,9 +130,15 @@ class Plan(_Model):
     base: PlanBase
     layers: list[PlanLayer]
     config: ImageConfig
+    sources: list[PlannedDerivation] = Field(
+        default_factory=list, description="source builds and patches, realized before the layers"
+    )
 
     def layer(self, name: str) -> PlanLayer:
         return next(layer for layer in self.layers if layer.name == name)
+
+    def with_layers(self, layers: Sequence[PlanLayer]) -> Plan:
+        return self.model_copy(update={"layers": list(layers)})
 
 
 def key_of(kind: str, inputs: Mapping[str, Any]) -> str:
@@ -272,6 +296,7 @@ def layer_plan(
             dists=[PlanDist.of(w) for w in members],
             loses_to={d: r["winner"] for d, r in loses.items()},
             wheel_bytes=sum(w.size for w in members),
+            provisional=kind in ("build", "patch"),
         )
 
     layers = [make("venv", "venv", [])]
@@ -284,6 +309,35 @@ def layer_plan(
         if name in by_name:
             layers.append(make(name, (kinds or {}).get(name, "top"), [by_name[name]]))
     return layers
+
+
+#: The inputs every Python layer shares (install and pack formats, target, SOURCE_DATE_EPOCH).
+COMMON_INPUTS = ("install_format", "installer", "target", "pack", "source_date_epoch")
+
+
+def resolve_layer(
+    layer: PlanLayer, wheel: WheelRef, sources: Sequence[Mapping[str, str]]
+) -> PlanLayer:
+    """A provisional source-build or patch layer once its wheel exists: it installs ``wheel``,
+    and its key names the wheel (name, version, sha256) and ``sources``, the derivations that
+    made it (``{"kind": "source-build" | "patch", "key": …}``). A changed flag or patch gives
+    another derivation key and so another layer key; nothing else in the plan moves."""
+    inputs = {
+        **{k: layer.inputs[k] for k in COMMON_INPUTS},
+        "layer": layer.kind,
+        "dists": [wheel.key()],
+        "overlaps": layer.inputs.get("overlaps", {}),
+        "sources": [dict(s) for s in sources],
+    }
+    return layer.model_copy(
+        update={
+            "key": derivation_key("layer", inputs),
+            "inputs": inputs,
+            "dists": [PlanDist.of(wheel)],
+            "wheel_bytes": wheel.size,
+            "provisional": False,
+        }
+    )
 
 
 # --- the image config -------------------------------------------------------------------------

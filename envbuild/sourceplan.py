@@ -10,7 +10,6 @@ without building anything: the build plan (``envbuild build --dry-run``) and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,7 +20,7 @@ from envbuild.errors import ManifestError, UsageError
 from envbuild.lock.model import Lock
 from envbuild.patches import KIND as PATCH_KIND
 from envbuild.patches import PatchRef, patch_inputs, patched_version
-from envbuild.plan import select_wheels
+from envbuild.plan import PlannedDerivation, select_wheels
 from envbuild.sourcebuild import (
     EXTRA_REQUIRES,
     BuildResult,
@@ -39,16 +38,6 @@ from envbuild.toolchain import requested_archs
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PlannedDerivation(_Model):
-    kind: Literal["source-build", "patch"]
-    dist: str
-    version: str
-    summary: str = Field(description="one line for people")
-    inputs: dict[str, Any] = Field(description="the inputs the spec and lock decide")
-    key: str | None = Field(None, description="known before building for patches of locked wheels")
-    patched_version: str | None = None
 
 
 def target_ccs(loaded: LoadedSpec) -> list[str]:

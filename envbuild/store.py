@@ -413,6 +413,11 @@ class Store:
             return None
         return drv
 
+    def available(self, key: str) -> bool:
+        """Whether derivation ``key`` can be had without running its builder: it is here (a
+        store with a remote cache in front also asks the cache)."""
+        return self.lookup(key) is not None
+
     def record(
         self,
         kind: str,

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from envbuild.build import COMPRESSION, BuildResult, build
+from envbuild.build import COMPRESSION, BuilderOptions, BuildResult, build
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.layers import Compression
@@ -53,6 +53,21 @@ def register(sub: Any) -> None:
         help="skip docker-archive.tar (with zstd layers it holds them uncompressed for Docker "
         "< 23: gigabytes rewritten whenever the image changes)",
     )
+    p.add_argument(
+        "--builder",
+        choices=["host", "container"],
+        default="host",
+        help="where source builds ([builds]) run: in a build venv on this machine (default), or "
+        "in a container made from the image's own lower layers on the Docker engine at "
+        "$DOCKER_HOST",
+    )
+    p.add_argument(
+        "--builder-network",
+        metavar="NAME",
+        default="host",
+        help="the network of a builder container (default: %(default)s; it gets this machine's "
+        "proxy variables and $SSL_CERT_FILE, for the build only)",
+    )
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -70,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             compression=Compression(args.compression),
             docker_archive=args.docker_archive,
             progress=progress,
+            builder=BuilderOptions(mode=args.builder, network=args.builder_network),
         )
     if args.dry_run:
         if args.json:
@@ -115,8 +131,12 @@ def _show_plan(result: BuildResult, store: Store) -> None:
     total = plan.base.layers + len(plan.layers)
     render.echo(f"  layers     {total} of at most {plan.options.max_layers}")
     render.echo(f"  base       {plan.base.description}")
+    for src in plan.sources:
+        render.echo(f"  {src.kind:<6} {src.dist}: {src.summary}")
     for layer in plan.layers:
         state = "cached" if store.lookup(layer.key) is not None else "to build"
+        if layer.provisional:
+            state = "after its wheel"
         names = ", ".join(f"{d.name}=={d.version}" for d in layer.dists)
         extra = "".join(f" [{d} loses to {w}]" for d, w in layer.loses_to.items())
         render.echo(
@@ -132,6 +152,15 @@ def _show_plan(result: BuildResult, store: Store) -> None:
 def _show_build(result: BuildResult) -> None:
     assert result.manifest is not None and result.output is not None
     m = result.manifest
+    for src in result.sources:
+        state = "reused" if src.reused else "built"
+        print(
+            f"{src.kind} {src.dist} {src.version}  {src.key[:12]}  {state}",
+            file=sys.stderr,
+        )
+        if src.changes:
+            since = f" since {src.previous[:12]}" if src.previous else ""
+            print(f"  inputs changed{since}: {'; '.join(src.changes)}", file=sys.stderr)
     for layer in m.layers:
         state = "rebuilt" if layer.name in result.rebuilt else "cached"
         if layer.kind == "base":

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from envbuild.build import load_lock
 from envbuild.cli import render
-from envbuild.dockerfile import render_dockerfile
+from envbuild.dockerfile import (
+    BASE_DIR,
+    WHEELS_DIR,
+    copy_base,
+    copy_wheels,
+    read_build_manifest,
+    render_dockerfile,
+)
 from envbuild.errors import ExitCode
 from envbuild.fsio import write_atomic
 from envbuild.lock import lock_path
 from envbuild.spec import load_spec
+from envbuild.store import Store, default_store
 
 
 def register(sub: Any) -> None:
@@ -23,7 +33,26 @@ def register(sub: Any) -> None:
         "lock's wheels installed with uv and checked hashes, the same env, command and labels.",
     )
     p.add_argument("spec", metavar="SPEC")
-    p.add_argument("-o", "--output", metavar="FILE", type=Path, help="write here, not stdout")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        type=Path,
+        help="write here, not stdout; wheels envbuild built or patched are copied beside it",
+    )
+    p.add_argument(
+        "--build",
+        metavar="DIR",
+        type=Path,
+        help="for source builds and patches: the output of `envbuild build` whose wheels the "
+        "Dockerfile installs (default: images/<spec-name>/)",
+    )
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        help="the store holding those wheels (default: $ENVBUILD_STORE or ~/.cache/envbuild/store)",
+    )
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -31,14 +60,34 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec)
     lock, lock_hash = load_lock(loaded)
+    manifest = read_build_manifest(args.build or loaded.root / "images" / loaded.name)
     result = render_dockerfile(
-        loaded, lock, lock_hash=lock_hash, lock_file=loaded.display(lock_path(loaded))
+        loaded,
+        lock,
+        lock_hash=lock_hash,
+        lock_file=loaded.display(lock_path(loaded)),
+        manifest=manifest,
     )
     if args.output:
+        copy_base(loaded, args.output.parent / BASE_DIR)
+        if result.wheels:
+            store = Store(args.store) if args.store else default_store()
+            copy_wheels(store, result.wheels, args.output.parent / WHEELS_DIR)
         write_atomic(args.output, result.text)
+    elif result.wheels and not args.json:
+        print(
+            f"note: the Dockerfile COPYs {WHEELS_DIR}/ from its build context; `-o FILE` puts "
+            "the wheels there",
+            file=sys.stderr,
+        )
     if args.json:
         render.emit_json(
-            {"base": result.base, "requirements": result.requirements, "dockerfile": result.text}
+            {
+                "base": result.base,
+                "requirements": result.requirements,
+                "dockerfile": result.text,
+                "wheels": [asdict(w) for w in result.wheels],
+            }
         )
     elif not args.output:
         render.echo(result.text.rstrip("\n"))

@@ -8,108 +8,19 @@ a no-op rebuild that packs nothing.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from conftest import CliResult
+from support.project import members, write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.fsio import sha256_file
 from envbuild.install import WheelRef
-from envbuild.layers import open_uncompressed
-from envbuild.lock import dumps, lock_path
-from envbuild.lock.model import (
-    EnvbuildLock,
-    Hashes,
-    Index,
-    Lock,
-    LockedFile,
-    LockedPackage,
-    RootfsBaseLock,
-    ToolTable,
-)
 from envbuild.plan import BIG_BYTES
-from envbuild.spec import load_spec
 from envbuild.store import Store
 
 Build = Callable[..., CliResult]
-
-
-def rootfs(repo: Path) -> Path:
-    """A tiny root file system: a few directories and one file, as a tarball."""
-    path = repo / "rootfs.tar"
-    with tarfile.open(path, "w") as tf:
-        for d in ("usr", "usr/bin", "etc"):
-            info = tarfile.TarInfo(d)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tf.addfile(info)
-        data = b"tiny\n"
-        info = tarfile.TarInfo("etc/hostname")
-        info.size, info.mode = len(data), 0o644
-        tf.addfile(info, io.BytesIO(data))
-    return path
-
-
-def write_project(
-    repo: Path,
-    name: str,
-    wheels: list[WheelRef],
-    extra: str = "",
-    *,
-    lie: str | None = None,
-) -> Path:
-    """A spec with a rootfs base and its lock naming ``wheels`` (``lie``: a wrong sha256 for it)."""
-    base = repo / "rootfs.tar"
-    if not base.exists():
-        rootfs(repo)
-    spec = repo / "specs" / f"{name}.toml"
-    spec.write_text(
-        '[base]\nkind = "rootfs"\npath = "../rootfs.tar"\n'
-        f'sha256 = "{sha256_file(base)}"\n'
-        '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
-        '[image]\ncmd = ["python3"]\n'
-        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n" + extra
-    )
-    loaded = load_spec(spec)
-    packages = [
-        LockedPackage(
-            name=w.canonical,
-            version=w.version,
-            wheels=[
-                LockedFile(
-                    name=w.filename,
-                    url=w.url,
-                    size=w.size,
-                    hashes=Hashes(sha256="0" * 64 if w.canonical == lie else w.sha256),
-                )
-            ],
-        )
-        for w in sorted(wheels)
-    ]
-    lock = Lock(
-        requires_python="==3.11.*",
-        packages=packages,
-        tool=ToolTable(
-            envbuild=EnvbuildLock(
-                spec=loaded.name,
-                spec_hash=loaded.spec_hash(),
-                python="3.11",
-                platform="manylinux_2_36_x86_64",
-                exclude_newer=datetime(2025, 1, 1, tzinfo=UTC),
-                indexes=[Index(name="default", url="https://pypi.org/simple")],
-                requirements=sorted(f"{w.canonical}=={w.version}" for w in wheels),
-                base=RootfsBaseLock(kind="rootfs", path="rootfs.tar", sha256=sha256_file(base)),
-            )
-        ),
-    )
-    path = lock_path(loaded)
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(dumps(lock, spec_file=f"specs/{name}.toml"))
-    return spec
 
 
 @pytest.fixture
@@ -132,18 +43,6 @@ def overlapping(repo: Path) -> list[WheelRef]:
 
 def build(cli: Build, repo: Path, spec: Path, *args: str) -> CliResult:
     return cli("build", "--store", repo / "store", "--output", repo / "out", *args, spec)
-
-
-def members(store: Store, digest: str, media_type: str) -> dict[str, bytes]:
-    out = {}
-    with (
-        open_uncompressed(store.blob_path(digest), media_type) as f,
-        tarfile.open(fileobj=f, mode="r|") as tf,
-    ):
-        for m in tf:
-            fh = tf.extractfile(m) if m.isfile() else None
-            out[m.name] = fh.read() if fh else b""
-    return out
 
 
 def test_an_unresolved_overlap_stops_the_build(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.registry import Registry
+from support.sdists import FIXTURES, pack_sdist
 
 from envbuild.cache import CachedStore, RemoteCache, cache_tag
 from envbuild.errors import IntegrityError
@@ -184,8 +185,6 @@ def test_read_only_cache_does_not_publish(registry: Registry, tmp_path: Path) ->
 def test_the_source_build_stage_uses_the_cache(registry: Registry, tmp_path: Path) -> None:
     """F's C-extension fixture through envbuild.sourcebuild.realize: machine B gets the wheel
     machine A compiled, with its build log and audit, without compiling."""
-    from sourcebuild.conftest import FIXTURES, pack_sdist
-
     from envbuild.builder import HostBuilder
     from envbuild.fsio import sha256_file
     from envbuild.sourcebuild import FileRef, SourceBuildRequest, realize

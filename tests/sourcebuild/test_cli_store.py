@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import FIXTURES
+from support.sdists import FIXTURES
 
 from envbuild.builder import HostBuilder
 from envbuild.lock import lock_path

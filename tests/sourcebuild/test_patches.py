@@ -13,7 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import FIXTURES, store_state
+from sourcebuild.conftest import store_state
+from support.sdists import FIXTURES
 
 from envbuild import proc
 from envbuild.errors import InputFileError, UserError

@@ -1,0 +1,146 @@
+"""Offline build projects: a spec with a tiny rootfs tarball base and its lock written with the
+lock's own models, naming tiny wheels by ``file://`` URL (and source builds, patches, indexes)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from envbuild.fsio import sha256_file
+from envbuild.install import WheelRef
+from envbuild.layers import open_uncompressed
+from envbuild.lock import dumps, lock_path
+from envbuild.lock.check import patch_records
+from envbuild.lock.model import (
+    EnvbuildLock,
+    Hashes,
+    Index,
+    Lock,
+    LockedBuild,
+    LockedFile,
+    LockedPackage,
+    RootfsBaseLock,
+    ToolTable,
+)
+from envbuild.spec import load_spec
+from envbuild.store import Store
+
+PYPI = "https://pypi.org/simple"
+
+
+def rootfs(repo: Path) -> Path:
+    """A tiny root file system: a few directories and one file, as a tarball."""
+    path = repo / "rootfs.tar"
+    with tarfile.open(path, "w") as tf:
+        for d in ("usr", "usr/bin", "etc"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tf.addfile(info)
+        data = b"tiny\n"
+        info = tarfile.TarInfo("etc/hostname")
+        info.size, info.mode = len(data), 0o644
+        tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def sdist_file(path: Path) -> LockedFile:
+    """How a lock names an sdist (or any file) served by ``file://``."""
+    return LockedFile(
+        name=path.name,
+        url=path.resolve().as_uri(),
+        size=path.stat().st_size,
+        hashes=Hashes(sha256=sha256_file(path)),
+    )
+
+
+def write_project(
+    repo: Path,
+    name: str,
+    wheels: list[WheelRef],
+    extra: str = "",
+    *,
+    lie: str | None = None,
+    base: Path | None = None,
+    builds: Sequence[tuple[str, str, Path]] = (),
+    index: str = PYPI,
+) -> Path:
+    """A spec with a rootfs base (``base``, default a tiny one) and its lock naming ``wheels``
+    (``lie``: a wrong sha256 for that one), the sdists of ``builds`` (``(name, version, sdist)``,
+    flags from the spec's ``[builds.<name>.env]`` in ``extra``), the spec's patches and
+    ``index`` as the default index."""
+    spec_path, lock_path_ = (str(base.resolve()),) * 2 if base else ("../rootfs.tar", "rootfs.tar")
+    if base is None:
+        base = repo / "rootfs.tar"
+        if not base.exists():
+            rootfs(repo)
+    spec = repo / "specs" / f"{name}.toml"
+    spec.write_text(
+        f'[base]\nkind = "rootfs"\npath = "{spec_path}"\n'
+        f'sha256 = "{sha256_file(base)}"\n'
+        '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
+        '[image]\ncmd = ["python3"]\n'
+        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n" + extra
+    )
+    loaded = load_spec(spec)
+    packages = [
+        LockedPackage(
+            name=w.canonical,
+            version=w.version,
+            wheels=[
+                LockedFile(
+                    name=w.filename,
+                    url=w.url,
+                    size=w.size,
+                    hashes=Hashes(sha256="0" * 64 if w.canonical == lie else w.sha256),
+                )
+            ],
+        )
+        for w in sorted(wheels)
+    ]
+    locked_builds = [
+        LockedBuild(
+            name=dist,
+            version=version,
+            sdist=sdist_file(sdist),
+            env=dict(loaded.spec.builds[dist].env),
+        )
+        for dist, version, sdist in builds
+    ]
+    lock = Lock(
+        requires_python="==3.11.*",
+        packages=packages,
+        tool=ToolTable(
+            envbuild=EnvbuildLock(
+                spec=loaded.name,
+                spec_hash=loaded.spec_hash(),
+                python="3.11",
+                platform="manylinux_2_36_x86_64",
+                exclude_newer=datetime(2025, 1, 1, tzinfo=UTC),
+                indexes=[Index(name="default", url=index)],
+                requirements=sorted(f"{w.canonical}=={w.version}" for w in wheels),
+                builds=locked_builds,
+                patches=patch_records(loaded),
+                base=RootfsBaseLock(kind="rootfs", path=lock_path_, sha256=sha256_file(base)),
+            )
+        ),
+    )
+    path = lock_path(loaded)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(dumps(lock, spec_file=f"specs/{name}.toml"))
+    return spec
+
+
+def members(store: Store, digest: str, media_type: str) -> dict[str, bytes]:
+    """A layer's files (name -> content; b"" for what is not a regular file)."""
+    out = {}
+    with (
+        open_uncompressed(store.blob_path(digest), media_type) as f,
+        tarfile.open(fileobj=f, mode="r|") as tf,
+    ):
+        for m in tf:
+            fh = tf.extractfile(m) if m.isfile() else None
+            out[m.name] = fh.read() if fh else b""
+    return out
