@@ -3,25 +3,33 @@
 Big jobs run in a pool of forked processes, one per core: measured on a 16-core H200 machine,
 threads stalled at ~1.7 GB/s (the GIL around each small file's open/read/close, and page faults of
 one address space), far below the 17 GB/s the cores can hash. Files go largest first (sha256 of one
-file is sequential, so the biggest file is the critical path) and small files in batches. Small
-jobs, or a process that already runs other threads (fork would be unsafe), use threads. A FIFO is
+file is sequential, so the biggest file is the critical path: longest-processing-time-first
+scheduling) and small files in batches. Workers use bare file descriptors (one ``read`` of a
+small file, a mapping of a big one) and send back :class:`FileHash` tuples, which are cheap to
+pickle: the parent, which also parses and judges, is the part that does not scale. Small jobs,
+or a process that already runs other threads (fork would be unsafe), use threads. A FIFO is
 opened non-blocking and never read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import logging
 import mmap
-import multiprocessing as mp
 import os
+import pickle
+import signal
 import stat
+import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, NamedTuple
 
 log = logging.getLogger("envbuild.snapshot.hashing")
 
@@ -35,8 +43,9 @@ ENGINE = "auto"
 PROCESS_MIN_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
-class FileHash:
+class FileHash(NamedTuple):
+    """What one look at a file found (a tuple: hundreds of thousands cross a process pipe)."""
+
     path: str
     size: int
     digest: bytes | None  # None when the file could not be read (see error)
@@ -61,23 +70,35 @@ def stat_one(path: str) -> FileHash:
     return FileHash(path, st.st_size, None, mtime_ns=st.st_mtime_ns)
 
 
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO never waits
+
+
 def hash_one(path: str) -> FileHash:
     try:
-        # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
-        with open(
-            os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb", buffering=0
-        ) as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                return FileHash(path, st.st_size, None, "not a regular file")
-            if st.st_size < BIG:
-                digest = hashlib.sha256(f.read()).digest()
-            else:  # mapped: no copy out of the page cache, and hashlib drops the GIL
-                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                    digest = hashlib.sha256(m).digest()
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         return failed(path, exc)
-    return FileHash(path, st.st_size, digest, mtime_ns=st.st_mtime_ns)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            return FileHash(path, size, None, "not a regular file")
+        if size < BIG:
+            data = os.read(fd, size + 1)  # one call: a regular file's short read is its end
+            if len(data) != size:  # it changed since fstat (or a short read): read to the end
+                parts = [data]
+                while chunk := os.read(fd, BIG):
+                    parts.append(chunk)
+                data = b"".join(parts)
+            digest = hashlib.sha256(data).digest()
+        else:  # mapped: no copy out of the page cache, and hashlib drops the GIL
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+                digest = hashlib.sha256(m).digest()
+    except OSError as exc:
+        return failed(path, exc)
+    finally:
+        os.close(fd)
+    return FileHash(path, size, digest, None, False, st.st_mtime_ns)
 
 
 def _batches(items: Sequence[tuple[str, int]]) -> list[list[str]]:
@@ -104,15 +125,75 @@ def _hash_batch(batch: list[str]) -> list[FileHash]:
     return [hash_one(p) for p in batch]
 
 
-def _executor(workers: int, total: int) -> Executor:
-    forkable = threading.active_count() == 1 and "fork" in mp.get_all_start_methods()
+def _use_processes(workers: int, total: int) -> bool:
+    forkable = threading.active_count() == 1 and hasattr(os, "fork")
     wanted = ENGINE == "processes" or (ENGINE == "auto" and total >= PROCESS_MIN_BYTES)
-    if workers > 1 and wanted and forkable:
-        try:
-            return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
-        except OSError as exc:  # no /dev/shm, no semaphores: threads still work
-            log.debug("no process pool (%s); hashing with threads", exc)
-    return ThreadPoolExecutor(max_workers=workers)
+    return workers > 1 and wanted and forkable
+
+
+def _worker(batches: list[list[str]], tickets: int, out: IO[bytes]) -> None:
+    """In a forked child: take batch numbers from the ``tickets`` pipe until it is empty, and
+    pickle ``[(number, [FileHash, ...]), ...]`` into ``out``."""
+    done = []
+    while len(ticket := os.read(tickets, 4)) == 4:  # a pipe read of 4 bytes is atomic
+        (number,) = struct.unpack("=I", ticket)
+        done.append((number, _hash_batch(batches[number])))
+    pickle.dump(done, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.flush()
+
+
+def _in_processes(
+    batches: list[list[str]], workers: int, meanwhile: Callable[[], object] | None
+) -> dict[str, FileHash]:
+    """Hash ``batches`` (in this order, each taken by the first free worker) in ``workers``
+    forked children. The children inherit the batches (nothing is pickled on the way in),
+    take batch numbers from a pipe written before the fork, and leave their results in a
+    temporary file each, so they never wait for this process, which runs ``meanwhile``."""
+    tickets, feed = os.pipe()
+    outs: list[IO[bytes]] = []
+    children: list[int] = []
+    files = contextlib.ExitStack()
+    try:
+        with contextlib.suppress(OSError):  # room for every ticket (a pipe is 64 KiB at first)
+            fcntl.fcntl(feed, fcntl.F_SETPIPE_SZ, max(4 * len(batches), 4096))
+        os.set_blocking(feed, False)
+        numbers = b"".join(struct.pack("=I", i) for i in range(len(batches)))
+        if os.write(feed, numbers) != len(numbers):
+            raise BlockingIOError("the ticket pipe is too small")
+        os.close(feed)
+        feed = -1
+        for _ in range(min(workers, len(batches))):
+            outs.append(files.enter_context(tempfile.TemporaryFile()))  # noqa: SIM115 (closed by files)
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                code = 1
+                try:
+                    _worker(batches, tickets, outs[-1])
+                    code = 0
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        if meanwhile is not None:
+            meanwhile()
+        failed = [pid for pid in children if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]
+        children = []
+        if failed:
+            raise OSError(f"{len(failed)} hashing worker(s) failed")
+        results: dict[str, FileHash] = {}
+        for left in outs:
+            left.seek(0)
+            for _number, hashed in pickle.load(left):
+                results.update((fh.path, fh) for fh in hashed)
+        return results
+    finally:
+        for pid in children:  # only after an error here
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        files.close()
+        os.close(tickets)
+        if feed >= 0:
+            os.close(feed)
 
 
 def hash_files(
@@ -127,18 +208,12 @@ def hash_files(
     listed = list(items)
     batches = _batches(listed)
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
+    if hasher is None and _use_processes(workers, sum(size for _, size in listed)):
+        return _in_processes(batches, workers, meanwhile)
+    one = hasher or hash_one
     results: dict[str, FileHash] = {}
-    if hasher is not None:
-        one = hasher
-        with ThreadPoolExecutor(max_workers=workers) as threads:
-            pending = threads.map(lambda b: [one(p) for p in b], batches)
-            if meanwhile is not None:
-                meanwhile()
-            for done in pending:
-                results.update((fh.path, fh) for fh in done)
-        return results
-    with _executor(workers, sum(size for _, size in listed)) as pool:
-        pending = pool.map(_hash_batch, batches)  # submits everything now
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        pending = threads.map(lambda b: [one(p) for p in b], batches)  # submits everything now
         if meanwhile is not None:
             meanwhile()
         for done in pending:

@@ -16,15 +16,15 @@ whose mtime is newer than their distribution's RECORD, i.e. written after the in
 
 from __future__ import annotations
 
-import base64
+import binascii
 import csv
+import hashlib
 import io
 import json
 import logging
 import os
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -34,7 +34,6 @@ from packaging.utils import canonicalize_name
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
-from envbuild.fsio import sha256_file
 from envbuild.snapshot.hashing import FileHash, hash_files, stat_one
 from envbuild.snapshot.model import Distribution, ModifiedFile, Overlap, PythonEnv
 
@@ -130,8 +129,21 @@ def _b64_digest(value: str) -> str | None:
     return digest.rstrip("=") or None if algo == "sha256" else None
 
 
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
 def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    """urlsafe base64 without padding, as RECORD writes a digest (binascii: it runs per file)."""
+    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
+
+
+def _headers(path: str) -> dict[str, str]:
+    """The header fields of a METADATA file. Only the block before the first empty line is
+    parsed: that is where the email parser stops for headers, and a long description after
+    it made parsing cost more than reading the RECORDs."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        head = f.read().split("\n\n", 1)[0]
+    return dict(HeaderParser().parsestr(head, headersonly=True).items())
 
 
 def _read_dist(site: str, dist_info: str) -> _Dist:
@@ -139,8 +151,7 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
     headers = {}
     for meta in ("METADATA", "PKG-INFO"):
         try:
-            with open(os.path.join(folder, meta), encoding="utf-8", errors="replace") as f:
-                headers = dict(HeaderParser().parse(f, headersonly=True).items())
+            headers = _headers(os.path.join(folder, meta))
             break
         except OSError:
             continue
@@ -155,12 +166,14 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
     record = os.path.join(folder, "RECORD")
     dist = _Dist(name, version, installer or None, site, dist_info, None, 0)
     try:
-        raw = Path(record).read_bytes()
-        dist.record_mtime_ns = os.stat(record).st_mtime_ns
+        with open(record, "rb") as f:
+            raw = f.read()
+            dist.record_mtime_ns = os.fstat(f.fileno()).st_mtime_ns
     except OSError:
         return dist
-    dist.record_sha256 = sha256_file(Path(record))
+    dist.record_sha256 = hashlib.sha256(raw).hexdigest()
     prefix = site + os.sep
+    append = dist.entries.append
     for row in csv.reader(io.StringIO(raw.decode("utf-8", errors="replace"))):
         if not row or not row[0]:
             continue
@@ -172,9 +185,10 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
             shown = os.path.relpath(abs_path, site)
         else:
             abs_path, shown = prefix + rel, rel
-        digest = _b64_digest(row[1]) if len(row) > 1 and row[1] else None
-        size = int(row[2]) if len(row) > 2 and row[2].isdigit() else None
-        dist.entries.append(_Entry(abs_path, shown, digest, size))
+        n = len(row)
+        digest = _b64_digest(row[1]) if n > 1 and row[1] else None
+        size = int(row[2]) if n > 2 and row[2].isdigit() else None
+        append(_Entry(abs_path, shown, digest, size))
     return dist
 
 
@@ -211,19 +225,26 @@ def _check_files(
 
 
 def _judge(dists: list[_Dist], results: dict[str, FileHash]) -> tuple[list[Overlap], list[str]]:
-    owners: dict[str, list[_Dist]] = defaultdict(list)
+    first: dict[str, _Dist] = {}  # path -> the first distribution listing it
+    shared: dict[str, list[_Dist]] = {}  # path -> its owners, when more than one
     for dist in dists:
         for e in dist.entries:
-            if not owners[e.abs] or owners[e.abs][-1] is not dist:
-                owners[e.abs].append(dist)
+            owner = first.setdefault(e.abs, dist)
+            if owner is not dist:
+                who = shared.get(e.abs)
+                if who is None:
+                    shared[e.abs] = [owner, dist]
+                elif who[-1] is not dist:
+                    who.append(dist)
     # A path two distributions list holds the bytes of one of them (the last installed): the
     # others are not reported as modified, the overlap says which owner's bytes are on disk.
-    on_disk: dict[str, list[str]] = {}
-    for path, who in owners.items():
-        if len(who) > 1:
-            on_disk[path] = [] if results[path].error else _matches(path, who, results[path])
+    on_disk: dict[str, list[str]] = {
+        path: [] if results[path].error else _matches(path, who, results[path])
+        for path, who in shared.items()
+    }
     unreadable: list[str] = []
     for dist in dists:
+        size = 0
         for e in dist.entries:
             fh = results[e.abs]
             if fh.error is not None:
@@ -234,8 +255,8 @@ def _judge(dists: list[_Dist], results: dict[str, FileHash]) -> tuple[list[Overl
                 else:
                     dist.missing.append(e.shown)
                 continue
-            dist.size += fh.size
-            if on_disk.get(e.abs) and dist.name not in on_disk[e.abs]:
+            size += fh.size
+            if on_disk and on_disk.get(e.abs) and dist.name not in on_disk[e.abs]:
                 continue
             if fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
                 dist.modified.append(
@@ -249,14 +270,15 @@ def _judge(dists: list[_Dist], results: dict[str, FileHash]) -> tuple[list[Overl
                         path=e.shown, reason="size", expected_size=e.size, actual_size=fh.size
                     )
                 )
+        dist.size += size
+    in_order = [p for p in first if p in shared] if shared else []  # first-listed order
     overlaps = [
         Overlap(
-            path=os.path.relpath(p, who[0].site),
-            owners=sorted(d.name for d in who),
-            matches=on_disk.get(p, []),
+            path=os.path.relpath(p, shared[p][0].site),
+            owners=sorted(d.name for d in shared[p]),
+            matches=on_disk[p],
         )
-        for p, who in owners.items()
-        if len(who) > 1
+        for p in in_order
     ]
     return sorted(overlaps, key=lambda o: o.path), unreadable
 
@@ -276,43 +298,70 @@ def _unrecorded(dists: list[_Dist], sites: list[str]) -> list[str]:
     """Walk site-packages; give each file no RECORD lists to the one distribution owning its
     folder. Returns the files no single distribution owns."""
     recorded: set[str] = set()
-    dir_owner: dict[str, set[str]] = defaultdict(set)
+    dir_owner: dict[str, set[str]] = {}
     by_name = {d.name: d for d in dists}
     for dist in dists:
         recorded.add(os.path.join(dist.site, dist.dist_info, "RECORD"))
-        dir_owner[os.path.join(dist.site, dist.dist_info)].add(dist.name)
+        dir_owner.setdefault(os.path.join(dist.site, dist.dist_info), set()).add(dist.name)
+        inside = dist.site + os.sep
+        name = dist.name
         for e in dist.entries:
             recorded.add(e.abs)
-            parent = os.path.dirname(e.abs)
-            while parent.startswith(dist.site + os.sep):
-                if dist.name in dir_owner[parent]:
+            parent = e.abs.rpartition(os.sep)[0]  # paths here are absolute and normalized
+            while parent.startswith(inside):
+                owners = dir_owner.get(parent)
+                if owners is None:
+                    dir_owner[parent] = {name}
+                elif name in owners:
                     break
-                dir_owner[parent].add(dist.name)
-                parent = os.path.dirname(parent)
+                else:
+                    owners.add(name)
+                parent = parent.rpartition(os.sep)[0]
     unowned: list[str] = []
     for site in sites:
-        for top, dirs, files in os.walk(site):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            for name in files:
-                path = os.path.join(top, name)
-                if path in recorded:
-                    continue
-                shown = os.path.relpath(path, site)
-                owner = _owner_of(path, site, dir_owner)
-                if owner is None:
-                    unowned.append(shown)
-                else:
-                    by_name[owner].unrecorded.append(shown)
+        cut = len(site) + 1 if os.path.abspath(site) == site else 0
+        for path in _files_under(site):
+            if path in recorded:
+                continue
+            shown = path[cut:] if cut else os.path.relpath(path, site)
+            owner = _owner_of(path, site, dir_owner)
+            if owner is None:
+                unowned.append(shown)
+            else:
+                by_name[owner].unrecorded.append(shown)
     return sorted(unowned)
 
 
+def _files_under(top: str) -> Iterator[str]:
+    """Every non-directory below ``top`` (as ``os.walk`` finds them: links to directories are
+    neither followed nor listed, unreadable directories are skipped), not inside __pycache__."""
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                children = list(it)
+        except OSError:
+            continue
+        for child in children:
+            try:
+                is_dir = child.is_dir()
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                yield child.path
+            elif child.name != "__pycache__" and not child.is_symlink():
+                stack.append(child.path)
+
+
 def _owner_of(path: str, site: str, dir_owner: dict[str, set[str]]) -> str | None:
-    parent = os.path.dirname(path)
-    while parent.startswith(site + os.sep):
+    inside = site + os.sep
+    parent = path.rpartition(os.sep)[0]
+    while parent.startswith(inside):
         who = dir_owner.get(parent)
         if who:
             return next(iter(who)) if len(who) == 1 else None
-        parent = os.path.dirname(parent)
+        parent = parent.rpartition(os.sep)[0]
     return None
 
 
