@@ -247,42 +247,27 @@ def biggest_dist_tree(spec: Path, store_dir: Path, work: Path) -> tuple[Path, st
 
 
 def bench_packing(tree: Path, work: Path, runs: int) -> dict[str, Any]:
+    """Pack ``tree`` with envbuild and with the shell peers in ``runs`` rounds; each round
+    runs every variant once, in an order that rotates, so a pair (envbuild vs its peer) shares
+    the machine's load. Medians, and the median of the per-round ratios, are reported."""
     scratch_dir = work / "pack-store"
     size = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
-    res: dict[str, Any] = {"tree_bytes": size}
-
-    def best(fn: Callable[[], Any]) -> float:
-        times = []
-        for _ in range(runs):
-            shutil.rmtree(scratch_dir, ignore_errors=True)
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
+    res: dict[str, Any] = {"tree_bytes": size, "load_before": os.getloadavg()}
     tar_bytes = 0
 
     def envbuild_pack(c: layers.Compression) -> Callable[[], Any]:
         def go() -> None:
             nonlocal tar_bytes
+            shutil.rmtree(scratch_dir, ignore_errors=True)
             got = layers.layer_from_tree(Store(scratch_dir), tree, compression=c, mtime=0)
             tar_bytes = got.uncompressed_size
 
         return go
 
-    for c in (layers.Compression.NONE, layers.Compression.ZSTD, layers.Compression.GZIP):
-        res[f"envbuild_{c.value}_s"] = best(envbuild_pack(c))
-    res["tar_bytes"] = tar_bytes
-    tar = f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C {tree} ."
-    for label, cmd in (
-        ("tar_only", f"{tar} | cat > /dev/null"),
-        ("tar_zstd", f"{tar} | zstd -T0 -3 -q -c > {work}/peer.out"),
-        ("tar_pigz", f"{tar} | pigz -6 -n -c > {work}/peer.out"),
-        ("tar_gzip", f"{tar} | gzip -6 -n -c > {work}/peer.out"),
-    ):
-        res[f"{label}_s"] = best(lambda cmd=cmd: subprocess.run(["sh", "-c", cmd], check=True))
+    def shell(cmd: str) -> Callable[[], Any]:
+        return lambda: subprocess.run(["sh", "-c", cmd], check=True)
+
     blob = work / "peer.tar"
-    subprocess.run(["sh", "-c", f"{tar} > {blob}"], check=True)
 
     def sha() -> None:
         h = hashlib.sha256()
@@ -290,10 +275,33 @@ def bench_packing(tree: Path, work: Path, runs: int) -> dict[str, Any]:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
 
-    res["sha256_s"] = best(sha)
+    tar = f"tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C {tree} ."
+    variants: dict[str, Callable[[], Any]] = {
+        **{f"envbuild_{c.value}": envbuild_pack(c) for c in layers.Compression},
+        "tar_only": shell(f"{tar} | cat > /dev/null"),
+        "tar_zstd": shell(f"{tar} | zstd -T0 -3 -q -c > {work}/peer.out"),
+        "tar_pigz": shell(f"{tar} | pigz -6 -n -c > {work}/peer.out"),
+        "tar_gzip": shell(f"{tar} | gzip -6 -n -c > {work}/peer.out"),
+        "sha256": sha,
+    }
+    subprocess.run(["sh", "-c", f"{tar} > {blob}"], check=True)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for i in range(runs):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
     blob.unlink()
-    for key in [k for k in res if k.endswith("_s")]:
-        res[key.removesuffix("_s") + "_MBps"] = tar_bytes / MB / res[key]
+    res["tar_bytes"] = tar_bytes
+    for name, ts in times.items():
+        res[f"{name}_s"] = statistics.median(ts)
+        res[f"{name}_MBps"] = tar_bytes / MB / res[f"{name}_s"]
+    for ours, peer in (("envbuild_zstd", "tar_zstd"), ("envbuild_gzip", "tar_pigz")):
+        ratios = [p / o for p, o in zip(times[peer], times[ours], strict=True)]
+        res[f"{ours}_vs_{peer}_ratio_median"] = statistics.median(ratios)
+        res[f"{ours}_vs_{peer}_ratio_range"] = [min(ratios), max(ratios)]
+    res["load_after"] = os.getloadavg()
     shutil.rmtree(scratch_dir, ignore_errors=True)
     return res
 

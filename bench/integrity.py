@@ -3,14 +3,20 @@ sha256 limit measured in the same run.
 
     python3 bench/integrity.py                    # builds /var/tmp/envbuild-bench/vllm-venv once
     python3 bench/integrity.py --venv /opt/torch/.venv --repeat 5 --json out.json
+    python3 bench/integrity.py --baseline SRC     # SRC: git archive REV envbuild | tar -x -C SRC
 
 Builds (or reuses) a vLLM 0.33 venv with uv, then measures:
-* the sha256 limit: hashlib over an in-memory buffer, one thread and all cores;
-* the full integrity check (every recorded file hashed): time and GB/s, cold page cache when
-  caches can be dropped (root), then warm (median of --repeat);
+* the full integrity check (every recorded file hashed), warm, in rounds: each round measures the
+  sha256 limit first (hashlib over in-memory buffers, one thread per core, then one thread), then
+  the check in a fresh Python (as `envbuild snapshot` runs it; interpreter start and the venv
+  probe not timed), and with ``--baseline`` the same check by another checkout of envbuild,
+  in rotating order. Each round gives the lower bound max(all bytes / all-core limit, largest
+  file / one-core limit) and the check's time against it; medians are reported. Both sides
+  must produce the same manifest;
+* the full check from a cold page cache when caches can be dropped (root);
 * the quick check (sizes; hashes only files newer than their install): median time;
 * the paths owned by two distributions, by owner pair.
-Load average is printed before and after: the machine may be shared.
+Load average is printed: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,6 +42,7 @@ from envbuild.snapshot.model import PythonEnv
 from envbuild.snapshot.pyenv import Interpreter, Mode, probe, scan_site_packages
 
 DEFAULT_VENV = Path("/var/tmp/envbuild-bench/vllm-venv")
+REPO = Path(__file__).resolve().parent.parent
 
 
 def build(venv: Path, requirement: str) -> None:
@@ -78,6 +86,29 @@ def cold_read(files: list[tuple[str, int]]) -> float:
     return time.perf_counter() - start
 
 
+CHECK = """
+import hashlib, json, sys, time
+from envbuild.snapshot.pyenv import probe, scan_site_packages
+interp = probe(sys.argv[1])
+t0 = time.perf_counter()
+env = scan_site_packages(interp, sys.argv[2])
+seconds = time.perf_counter() - t0
+print(json.dumps({"s": seconds, "bytes": sum(d.size_bytes for d in env.distributions),
+                  "manifest": hashlib.sha256(env.model_dump_json().encode()).hexdigest()}))
+"""
+
+
+def child_check(source: Path, venv: Path, mode: Mode) -> dict[str, Any]:
+    """One check in a fresh Python importing envbuild from ``source``."""
+    env = dict(os.environ, PYTHONPATH=str(source))
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK, str(venv), mode],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def timed_check(interp: Interpreter, mode: Mode) -> tuple[float, PythonEnv]:
     start = time.perf_counter()
     env = scan_site_packages(interp, mode)
@@ -88,7 +119,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--venv", type=Path, default=DEFAULT_VENV)
     ap.add_argument("--requirement", default="vllm==0.33.0")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="rounds of the warm full check")
+    ap.add_argument("--baseline", type=Path, help="another envbuild source tree to compare")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     ap.add_argument("--cold-read", action="store_true", help="also time a plain cold read (root)")
     ap.add_argument(
@@ -106,56 +138,71 @@ def main() -> int:
         "cpu_model": platform.processor() or platform.machine(),
         "load_before": os.getloadavg(),
     }
-    one, _ = sha256_limit(2.0, workers=1)
     cores = os.cpu_count() or 1
-    allc, _ = sha256_limit(2.0, workers=cores)
-    figures["sha256_limit_one_core_GBps"] = round(one / 1e9, 3)
-    figures["sha256_limit_all_cores_GBps"] = round(allc / 1e9, 3)
-    print(f"sha256 limit: {one / 1e9:.2f} GB/s one core, {allc / 1e9:.2f} GB/s on {cores} cores")
-
     interp = probe(str(args.venv))
-    if drop_caches():
-        seconds, env = timed_check(interp, "full")
-        size = sum(d.size_bytes for d in env.distributions)
-        figures["full_cold_s"] = round(seconds, 2)
-        figures["full_cold_GBps"] = round(size / seconds / 1e9, 3)
-        print(f"full check, cold cache: {seconds:.2f} s, {size / seconds / 1e9:.2f} GB/s")
-    else:
-        print("full check, cold cache: not measured (cannot drop caches without root)")
-    full = []
-    for _ in range(args.repeat):
-        seconds, env = timed_check(interp, "full")
-        full.append(seconds)
-    size = sum(d.size_bytes for d in env.distributions)
-    files = sum(d.files for d in env.distributions)
-    med = statistics.median(full)
     largest = max(
         (os.stat(p).st_size, p)
         for site in interp.site_packages
         for p in (os.path.join(t, f) for t, _, fs in os.walk(site) for f in fs)
         if os.path.isfile(p)
     )
-    bound = max(size / allc, largest[0] / one)
     figures["largest_file"] = [largest[1], largest[0]]
-    figures["bound_s"] = round(bound, 2)
-    print(
-        f"largest file {largest[0] / 1e9:.2f} GB ({os.path.basename(largest[1])}); lower bound "
-        f"max(all bytes / all cores, largest / one core) = {bound:.2f} s"
-    )
+    if drop_caches():
+        got = child_check(REPO, args.venv, "full")
+        figures["full_cold_s"] = round(got["s"], 2)
+        figures["full_cold_GBps"] = round(got["bytes"] / got["s"] / 1e9, 3)
+        print(f"full check, cold cache: {got['s']:.2f} s, {got['bytes'] / got['s'] / 1e9:.2f} GB/s")
+    else:
+        print("full check, cold cache: not measured (cannot drop caches without root)")
+    sides = {"envbuild": REPO, **({"baseline": args.baseline} if args.baseline else {})}
+    rounds: list[dict[str, Any]] = []
+    manifests: set[str] = set()
+    for i in range(args.repeat):
+        allc, _ = sha256_limit(1.5, workers=cores)
+        one, _ = sha256_limit(1.0, workers=1)
+        row: dict[str, Any] = {"all_core_GBps": allc / 1e9, "one_core_GBps": one / 1e9}
+        names = list(sides) if i % 2 == 0 else list(sides)[::-1]
+        for name in names:
+            got = child_check(sides[name], args.venv, "full")
+            row[name] = got["s"]
+            manifests.add(got["manifest"])
+            size = got["bytes"]
+        row["bound_s"] = max(size / allc, largest[0] / one)
+        row["load"] = os.getloadavg()[0]
+        rounds.append(row)
+        print(
+            f"round {i + 1}: limit {allc / 1e9:.2f} GB/s on {cores} cores, {one / 1e9:.2f} on "
+            f"one; bound {row['bound_s']:.2f} s; "
+            + ", ".join(f"{n} {row[n]:.2f} s ({row['bound_s'] / row[n]:.0%})" for n in names)
+            + f"; load {row['load']:.1f}",
+            flush=True,
+        )
+    if len(manifests) != 1:
+        raise SystemExit("the sides found different manifests")
+    env = timed_check(interp, "full")[1]
+    size = sum(d.size_bytes for d in env.distributions)
+    files = sum(d.files for d in env.distributions)
     figures.update(
         files=files,
         bytes=size,
         distributions=len(env.distributions),
-        full_warm_s=[round(s, 2) for s in full],
-        full_warm_median_s=round(med, 2),
-        full_warm_GBps=round(size / med / 1e9, 3),
-        fraction_of_limit=round(size / med / allc, 2),
+        rounds=rounds,
+        sha256_limit_one_core_GBps=round(statistics.median(r["one_core_GBps"] for r in rounds), 3),
+        sha256_limit_all_cores_GBps=round(statistics.median(r["all_core_GBps"] for r in rounds), 3),
+        bound_s=round(statistics.median(r["bound_s"] for r in rounds), 2),
     )
-    print(
-        f"full check, warm cache: {files} files, {size / 1e9:.2f} GB, median {med:.2f} s "
-        f"of {[round(s, 2) for s in full]}: {size / med / 1e9:.2f} GB/s "
-        f"({size / med / allc:.0%} of the all-core sha256 limit)"
-    )
+    for name in sides:
+        med = statistics.median(r[name] for r in rounds)
+        frac = statistics.median(r["bound_s"] / r[name] for r in rounds)
+        figures[f"{name}_full_warm_s"] = [round(r[name], 2) for r in rounds]
+        figures[f"{name}_full_warm_median_s"] = round(med, 2)
+        figures[f"{name}_full_warm_GBps"] = round(size / med / 1e9, 3)
+        figures[f"{name}_fraction_of_bound"] = round(frac, 2)
+        print(
+            f"{name}: full check, warm: {files} files, {size / 1e9:.2f} GB, median {med:.2f} s "
+            f"of {figures[f'{name}_full_warm_s']}: {size / med / 1e9:.2f} GB/s; median of "
+            f"bound / time per round: {frac:.0%}"
+        )
     sweep = {}
     for entry in [x for x in args.sweep.split(",") if x]:
         hashing.ENGINE = {"t": "threads", "p": "processes"}[entry[0]]
@@ -177,10 +224,17 @@ def main() -> int:
         figures["cold_read_s"] = round(seconds, 2)
         figures["cold_read_GBps"] = round(size / seconds / 1e9, 3)
         print(f"cold read, no hashing: {seconds:.2f} s, {size / seconds / 1e9:.2f} GB/s")
-    quick = [timed_check(interp, "quick")[0] for _ in range(args.repeat)]
-    figures["quick_s"] = [round(s, 2) for s in quick]
-    figures["quick_median_s"] = round(statistics.median(quick), 2)
-    print(f"quick check: median {statistics.median(quick):.2f} s of {figures['quick_s']}")
+    quick: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(args.repeat):
+        for name in list(sides) if i % 2 == 0 else list(sides)[::-1]:
+            quick[name].append(child_check(sides[name], args.venv, "quick")["s"])
+    for name, times in quick.items():
+        key = "quick" if name == "envbuild" else f"{name}_quick"
+        figures[f"{key}_s"] = [round(s, 2) for s in times]
+        figures[f"{key}_median_s"] = round(statistics.median(times), 2)
+        print(
+            f"{name}: quick check: median {statistics.median(times):.2f} s of {figures[f'{key}_s']}"
+        )
     pairs = Counter(" & ".join(o.owners) for o in env.overlaps)
     winners = Counter(" & ".join(o.matches) or "neither" for o in env.overlaps)
     figures["overlaps"] = len(env.overlaps)
