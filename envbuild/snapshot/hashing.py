@@ -73,7 +73,10 @@ def stat_one(path: str) -> FileHash:
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO never waits
 
 
-def hash_one(path: str) -> FileHash:
+def hash_one(path: str, buffer: bytearray | None = None) -> FileHash:
+    """sha256 of the file at ``path``. A small file is read in one call, into ``buffer`` when
+    given (a reused buffer of at least ``BIG + 1`` bytes: no allocation, so no fresh pages to
+    fault in for each file); a big one is mapped."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -84,12 +87,15 @@ def hash_one(path: str) -> FileHash:
         if not stat.S_ISREG(st.st_mode):
             return FileHash(path, size, None, "not a regular file")
         if size < BIG:
-            data = os.read(fd, size + 1)  # one call: a regular file's short read is its end
+            # one call: a regular file's short read is its end
+            if buffer is not None:
+                view = memoryview(buffer)[: size + 1]
+                got = os.readv(fd, [view])
+                data: bytes | memoryview = view[:got]
+            else:
+                data = os.read(fd, size + 1)
             if len(data) != size:  # it changed since fstat (or a short read): read to the end
-                parts = [data]
-                while chunk := os.read(fd, BIG):
-                    parts.append(chunk)
-                data = b"".join(parts)
+                data = bytes(data) + b"".join(iter(lambda: os.read(fd, BIG), b""))
             digest = hashlib.sha256(data).digest()
         else:  # mapped: no copy out of the page cache, and hashlib drops the GIL
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
@@ -121,8 +127,9 @@ def _batches(items: Sequence[tuple[str, int]]) -> list[list[str]]:
     return out
 
 
-def _hash_batch(batch: list[str]) -> list[FileHash]:
-    return [hash_one(p) for p in batch]
+def _hash_batch(batch: list[str], buffer: bytearray | None = None) -> list[FileHash]:
+    buffer = buffer if buffer is not None else bytearray(BIG + 1)
+    return [hash_one(p, buffer) for p in batch]
 
 
 def _use_processes(workers: int, total: int) -> bool:
@@ -133,11 +140,13 @@ def _use_processes(workers: int, total: int) -> bool:
 
 def _worker(batches: list[list[str]], tickets: int, out: IO[bytes]) -> None:
     """In a forked child: take batch numbers from the ``tickets`` pipe until it is empty, and
-    pickle ``[(number, [FileHash, ...]), ...]`` into ``out``."""
-    done = []
+    pickle what it found into ``out`` as plain tuples (unpickling a NamedTuple calls its
+    Python ``__new__`` once per file, in the one process that does not scale)."""
+    done: list[list[tuple[object, ...]]] = []
+    buffer = bytearray(BIG + 1)
     while len(ticket := os.read(tickets, 4)) == 4:  # a pipe read of 4 bytes is atomic
         (number,) = struct.unpack("=I", ticket)
-        done.append((number, _hash_batch(batches[number])))
+        done.append([tuple(fh) for fh in _hash_batch(batches[number], buffer)])
     pickle.dump(done, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 
@@ -180,10 +189,11 @@ def _in_processes(
         if failed:
             raise OSError(f"{len(failed)} hashing worker(s) failed")
         results: dict[str, FileHash] = {}
+        make = FileHash._make
         for left in outs:
             left.seek(0)
-            for _number, hashed in pickle.load(left):
-                results.update((fh.path, fh) for fh in hashed)
+            for hashed in pickle.load(left):
+                results.update((fields[0], make(fields)) for fields in hashed)
         return results
     finally:
         for pid in children:  # only after an error here
@@ -210,10 +220,13 @@ def hash_files(
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
     if hasher is None and _use_processes(workers, sum(size for _, size in listed)):
         return _in_processes(batches, workers, meanwhile)
-    one = hasher or hash_one
     results: dict[str, FileHash] = {}
     with ThreadPoolExecutor(max_workers=workers) as threads:
-        pending = threads.map(lambda b: [one(p) for p in b], batches)  # submits everything now
+        if hasher is None:
+            pending = threads.map(_hash_batch, batches)  # submits everything now
+        else:
+            one = hasher
+            pending = threads.map(lambda b: [one(p) for p in b], batches)
         if meanwhile is not None:
             meanwhile()
         for done in pending:

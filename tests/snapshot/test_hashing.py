@@ -64,7 +64,7 @@ def test_both_engines_agree_with_hashlib(
 def test_a_failing_worker_is_an_error_not_a_short_answer(
     tree: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(batch: list[str]) -> list[hashing.FileHash]:
+    def broken(batch: list[str], buffer: bytearray | None = None) -> list[hashing.FileHash]:
         raise RuntimeError("worker broke")
 
     monkeypatch.setattr(hashing, "ENGINE", "processes")
