@@ -250,6 +250,10 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
             side.put(fk, ft, f"{path} ({d.name})", Fact("added (not in RECORD)"))
     for path in env.unowned:
         side.put(fk, ft, f"{path} (no distribution)", Fact("added (not in any RECORD)"))
+    if env.patches is not None:  # None: taken by an envbuild that did not record patches
+        _patch_group(side, key, f"patches ({env.requested})")
+        for name, rec in env.patches.items():
+            _put_patches(side, key, f"patches ({env.requested})", name, rec.patches)
     ok, ot = f"overlaps {key}", f"paths owned by two distributions ({env.requested})"
     side.group(ok, ot)
     for o in env.overlaps:
@@ -260,6 +264,44 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
         else:
             disk = f"{' & '.join(o.matches)}'s bytes on disk"
         side.put(ok, ot, o.path, Fact(f"{' & '.join(o.owners)}; {disk}"))
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+
+def _patch_group(side: Side, env_key: str, title: str) -> None:
+    side.group(f"patches {env_key}", title)
+
+
+def _put_patches(side: Side, env_key: str, title: str, dist: str, patches: Any) -> None:
+    """One distribution's patches as a fact: each patch's path and the head of its sha256 in
+    the text, the full digests in the detail (compared, shown when the text is the same)."""
+    from packaging.utils import canonicalize_name
+
+    items = [(str(_get(p, "path")), str(_get(p, "sha256"))) for p in patches]
+    text = ", ".join(f"{path} (sha256 {digest[:16]})" for path, digest in items)
+    detail = ", ".join(f"{path} sha256:{digest}" for path, digest in items)
+    side.put(
+        f"patches {env_key}", title, canonicalize_name(dist), Fact(text or "none", detail=detail)
+    )
+
+
+def _get(item: Any, name: str) -> Any:
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def _manifest_patch_facts(side: Side, data: dict[str, Any]) -> None:
+    """A build manifest's ``patches`` (one record per patched distribution, see
+    :class:`envbuild.manifest.PatchRecord`); a manifest from before patches has no such key."""
+    records = data.get("patches")
+    if not isinstance(records, list):
+        return
+    title = "patches (build manifest)"
+    _patch_group(side, "image", title)
+    for rec in records:
+        if isinstance(rec, dict) and isinstance(rec.get("dist"), str):
+            patches = [p for p in rec.get("patches") or [] if isinstance(p, dict)]
+            _put_patches(side, "image", title, rec["dist"], patches)
 
 
 # --- reducing a build manifest to facts ------------------------------------------------------
@@ -332,6 +374,8 @@ def build_manifest_facts(data: dict[str, Any], label: str) -> Side:
         python = data.get("python_version") or (data.get("python") or {}).get("version")
         if isinstance(python, str):
             side.put(pk, pt, "python", Fact(f"cpython {python}"))
+    if pkgs is not None:
+        _manifest_patch_facts(side, data)
     _layer_facts(side, data)
     _ref_facts(side, data)
     if not side.groups:
@@ -360,7 +404,7 @@ def load_side(path: Path) -> tuple[Side, Snapshot | None]:
 def _pair_envs(a: Side, b: Side) -> None:
     """Python environments are matched by the path asked for; when exactly one environment on
     each side is left unmatched (two machines, or a snapshot and a build manifest), they pair."""
-    prefixes = ("packages ", "files ", "overlaps ")
+    prefixes = ("packages ", "patches ", "files ", "overlaps ")
     a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
     b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
     only_a, only_b = a_envs - b_envs, b_envs - a_envs
@@ -394,6 +438,8 @@ def compare(a: Side, b: Side) -> DiffResult:
                 env = key.removeprefix("packages ")
                 before, after = (None, shown) if missing is a else (shown, None)
                 envs.changes.append(Change(env, before, after))
+            elif key.startswith("patches ") and f"packages {key[8:]}" not in missing.groups:
+                pass  # the whole environment is missing: shown under environments
             elif not key.startswith(("files ", "overlaps ")):
                 skipped.setdefault(f"not recorded in {missing.label}", []).append(title)
             continue
@@ -434,6 +480,7 @@ _ORDER = (
     "cuda",
     "environments",
     "packages",
+    "patches",
     "files",
     "overlaps",
     "containers",

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from envbuild import __version__
-from envbuild.snapshot import cuda, docker, gpu, hfcache, host, pyenv, refs, systemd
+from envbuild.snapshot import cuda, docker, gpu, hfcache, host, patchinfo, pyenv, refs, systemd
 from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
 from envbuild.snapshot.redact import Redactor
 
@@ -70,7 +70,7 @@ def take_snapshot(opts: Options) -> Snapshot:
     envs = []
     for python in opts.pythons:
         log.info("checking %s (%s)", python, opts.integrity)
-        envs.append(pyenv.scan_env(python, opts.integrity))
+        envs.append(patchinfo.record_patches(pyenv.scan_env(python, opts.integrity)))
     hf_path = opts.hf_cache or hfcache.default_cache()
     disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
     if opts.models:

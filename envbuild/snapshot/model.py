@@ -132,6 +132,19 @@ class Overlap(_Strict):
     )
 
 
+class PatchFile(_Strict):
+    path: str = Field(description="the patch as the spec named it, relative to the repository")
+    sha256: str
+
+
+class PatchedDist(_Strict):
+    """What ``envbuild-patches.json`` in a patched wheel's .dist-info says (see
+    :mod:`envbuild.patches`)."""
+
+    version: str = Field(description="the version before patching")
+    patches: list[PatchFile] = Field(description="in the order they were applied")
+
+
 class PythonEnv(_Strict):
     requested: str = Field(description="the --python argument as given")
     executable: str
@@ -145,6 +158,11 @@ class PythonEnv(_Strict):
     unowned: list[str] = Field(
         default_factory=list,
         description="site-packages files no RECORD lists and no distribution's folder holds",
+    )
+    patches: dict[str, PatchedDist] | None = Field(
+        default=None,
+        description="distributions patched by envbuild, by name (None: not recorded, an older "
+        "envbuild)",
     )
 
 
