@@ -7,8 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,37 +105,43 @@ def test_a_dangling_symlink_in_a_venv(cli: Any, venv: Path) -> None:
         fails_cleanly(result, "llama.py (alpha): broken symbolic link")
 
 
-@pytest.fixture
-def world_readable_venv(base_venv: Path) -> Iterator[Path]:
-    """A copy of the venv where an unprivileged user can reach it (pytest's tmp is 0700)."""
-    top = Path(tempfile.mkdtemp(prefix="envbuild-unreadable-"))
-    top.chmod(0o755)
-    venv = top / "venv"
-    shutil.copytree(base_venv, venv, symlinks=True)
-    try:
-        yield venv
-    finally:
-        shutil.rmtree(top)
+def _as_plain_user(argv: list[str]) -> list[str]:
+    """``argv`` run so that permission bits bind: as is for a plain user; for root through
+    ``setpriv`` with CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH gone from the bounding and
+    inheritable sets, so the program it executes (and that program's children) never has them."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root's file-access capabilities"
+    caps = "-dac_override,-dac_read_search"
+    return [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", *argv]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="drops privileges: needs to start as root")
-def test_a_file_the_user_cannot_read(world_readable_venv: Path) -> None:
-    """chmod 000 means nothing to root, so the CLI runs as nobody, in a subprocess."""
-    model = site_packages(world_readable_venv) / "alpha" / "models" / "llama.py"
+def test_a_file_the_user_cannot_read(venv: Path) -> None:
+    """A recorded file the snapshot cannot read stops it with exit 2 naming the file. chmod 000
+    means nothing to root, so the CLI runs in a subprocess without root's file-access powers."""
+    model = site_packages(venv) / "alpha" / "models" / "llama.py"
     model.chmod(0o000)
-    nobody = 65534
-    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": str(REPO)}
+    env = {"PATH": os.environ["PATH"], "HOME": str(venv.parent), "PYTHONPATH": str(REPO)}
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "envbuild", "snapshot", "--python", str(world_readable_venv),
-             "--no-docker", "--no-systemd", "--no-models"],
-            user=nobody, group=nobody, extra_groups=[], env=env, cwd="/",
-        capture_output=True, text=True, timeout=120, check=False,
+        # the subprocess really cannot read it (else this test would prove nothing) …
+        probe = subprocess.run(
+            _as_plain_user([sys.executable, "-c", f"open({str(model)!r}).read()"]),
+            env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
-    except PermissionError as exc:
-        pytest.skip(f"nobody cannot run this Python ({exc})")
-    if "Permission denied" in done.stderr and "llama.py" not in done.stderr:
-        pytest.skip(f"nobody cannot run this Python here: {done.stderr.strip()[:200]}")
+        assert probe.returncode == 1 and "PermissionError" in probe.stderr, probe.stderr
+        # … and the snapshot says so, cleanly
+        done = subprocess.run(
+            _as_plain_user(
+                [sys.executable, "-m", "envbuild", "snapshot", "--python", str(venv),
+                 "--no-docker", "--no-systemd", "--no-models"]
+            ),
+            env=env, cwd=venv.parent, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        model.chmod(0o644)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
+    assert any(line.startswith("error: ") for line in done.stderr.splitlines()), done.stderr
+    assert "cannot check every file" in done.stderr
     assert "llama.py (alpha): Permission denied" in done.stderr
