@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envbuild.apply import generations as gens
+from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
 from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
 from envbuild.apply.host import Host
@@ -26,7 +27,7 @@ from envbuild.apply.paths import Paths
 from envbuild.apply.preflight import PreflightInput, PreflightReport, run_preflight
 from envbuild.apply.record import write_snapshot
 from envbuild.apply.statelock import state_lock
-from envbuild.apply.switch import SwitchResult, switch
+from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
 from envbuild.errors import EnvbuildError, EnvironmentFailure
@@ -55,6 +56,8 @@ class ApplyOutcome:
     switch: SwitchResult | None = None
     up_to_date: bool = False
     snapshot: str | None = None
+    #: A switch that was cut short (a killed apply or rollback), undone before this apply began.
+    recovered: Recovery | None = None
 
     @property
     def exit_code(self) -> int:
@@ -84,6 +87,7 @@ class ApplyOutcome:
             "switch": self.switch.as_dict() if self.switch else None,
             "up_to_date": self.up_to_date,
             "snapshot": self.snapshot,
+            "recovered": self.recovered.as_dict() if self.recovered else None,
         }
 
 
@@ -97,6 +101,7 @@ def apply(
     options: Options,
     *,
     on_preflight: Callable[[PreflightReport], None] | None = None,
+    on_recovered: Callable[[Recovery], None] | None = None,
 ) -> ApplyOutcome:
     """Make ``inp`` the machine's current environment and service."""
     paths, services = host.paths, host.services
@@ -105,18 +110,22 @@ def apply(
         nullcontext() if options.dry_run else state_lock(paths, wait=options.wait)
     )
     with guard:
+        recovered = None
         if not options.dry_run:
             gens.remove_leftovers(paths)
+            recovered = recover(paths, services)
+            if recovered is not None and on_recovered is not None:
+                on_recovered(recovered)
         spec = inp.spec
         unit = units.unit_name(spec.name) if spec.serve is not None else None
         current = gens.current(paths)
         running = sorted(
             u for u in _envbuild_units(host) if services.available and services.is_running(u)
         )
-        # Does a generation with these inputs exist and still verify? (Without store wheels
-        # its content hash is known before anything is built.) If it is the current one and
-        # its unit runs, nothing will stop.
-        found = _reusable(paths, inp)
+        # Does a generation with these inputs exist and still verify? (Its content hash is
+        # known before anything is built when the store already holds its source builds and
+        # patched wheels.) If it is the current one and its unit runs, nothing will stop.
+        found = _reusable(host, inp)
         keep: frozenset[str] = frozenset()
         if (
             found is not None
@@ -142,9 +151,10 @@ def apply(
                 can_start=services.available,
                 services_note=getattr(services, "reason", ""),
                 rejected=[(c.number, c.problems) for c in (found.rejected if found else [])],
+                pending=_pending(paths) if options.dry_run else None,
             ),
         )
-        outcome = ApplyOutcome(spec.name, inp.origin, report)
+        outcome = ApplyOutcome(spec.name, inp.origin, report, recovered=recovered)
         if on_preflight is not None:
             on_preflight(report)
         if not report.ok or options.dry_run:
@@ -194,10 +204,19 @@ def apply(
         return outcome
 
 
-def _reusable(paths: Paths, inp: ApplyInput) -> Found | None:
+def _pending(paths: Paths) -> str | None:
+    """For a dry run: the switch that was cut short, which a real apply undoes first."""
+    j = jn.read(paths)
+    if j is None:
+        return None
+    return f"{j.operation} (pid {j.pid}) to generation {j.target.number}, after step {j.step!r}"
+
+
+def _reusable(host: Host, inp: ApplyInput) -> Found | None:
     """A generation that already holds ``inp`` and still verifies, when that can be known before
     building anything: the generation a snapshot was found in, or one with the same content hash
-    (which needs no store wheels to compute)."""
+    (computable when the store already holds every source-built and patched wheel it needs)."""
+    paths = host.paths
     if inp.generation is not None:
         check = check_generation(inp.generation)
         return Found(
@@ -205,9 +224,10 @@ def _reusable(paths: Paths, inp: ApplyInput) -> Found | None:
             inp.generation if check.ok else None,
             [] if check.ok else [check],
         )
-    if wanted(inp):
+    wheels = host.wheels.stored(inp) if wanted(inp) else {}
+    if wheels is None:
         return None
-    return find_reusable(paths, generation_hash(paths, inp, {}))
+    return find_reusable(paths, generation_hash(paths, inp, wheels))
 
 
 def _record_build(outcome: ApplyOutcome, realised: Realised) -> None:

@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envbuild.apply import generations as gens
+from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
 from envbuild.apply.host import Host
 from envbuild.apply.integrity import GenerationCheck, check_generation
 from envbuild.apply.paths import Paths
+from envbuild.apply.services import ServiceManager
 from envbuild.apply.statelock import state_lock
-from envbuild.apply.switch import SwitchResult, generation_spec, switch
-from envbuild.errors import IntegrityError, UserError
+from envbuild.apply.switch import Recovery, SwitchResult, generation_spec, recover, switch
+from envbuild.errors import Busy, EnvbuildError, EnvironmentFailure, IntegrityError, UserError
 
 log = logging.getLogger("envbuild.apply.manage")
 
@@ -70,16 +72,67 @@ def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
     return out
 
 
+def recover_pending(host: Host, *, wait: float = 0.0, busy_ok: bool = False) -> Recovery | None:
+    """Undo (or finish) a switch that was cut short, if the journal shows one: for commands that
+    otherwise only read (``generations``) and for ``apply --recover``. Takes the state lock only
+    when there is a journal. ``busy_ok``: another envbuild holds the lock (its switch is not
+    cut short, it is running): say so and do nothing."""
+    if not host.paths.journal.exists():
+        return None
+    try:
+        with state_lock(host.paths, wait=wait, what="recover"):
+            return recover(host.paths, host.services)
+    except Busy as exc:
+        if not busy_ok:
+            raise
+        log.warning("a switch is in progress: %s", exc.message)
+        return None
+
+
+@dataclass
+class RollbackOutcome:
+    #: A switch that was cut short and undone first (then nothing more may be needed).
+    recovered: Recovery | None
+    #: The rollback's own switch; None when the recovery already went back.
+    switch: SwitchResult | None
+    #: Units that are not envbuild's which the rolled-back apply had stopped: started again
+    #: (``--yes``), or left stopped.
+    others_started: list[str] = field(default_factory=list)
+    others_stopped: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "recovered": self.recovered.as_dict() if self.recovered else None,
+            "switch": self.switch.as_dict() if self.switch else None,
+            "others_started": self.others_started,
+            "others_stopped": self.others_stopped,
+        }
+
+
 def rollback(
     host: Host,
     *,
     to: int | None = None,
+    agreed: bool = False,
     wait: float = 0.0,
     health_timeout: float = 1800.0,
-) -> SwitchResult:
-    """Switch back to generation ``to`` (default: the newest one older than current)."""
+) -> RollbackOutcome:
+    """Switch back to generation ``to`` (default: the newest one older than current). Units that
+    are not envbuild's and that the current generation's apply stopped (they held GPU memory)
+    are started again when ``agreed``, else named as still stopped.
+
+    A switch cut short is undone first; if it was an apply and no ``to`` is given, that undo is
+    the rollback (the generation before it is current again) and nothing more is switched."""
     paths = host.paths
     with state_lock(paths, wait=wait, what="rollback"):
+        recovered = recover(paths, host.services)
+        if (
+            recovered is not None
+            and not recovered.finished
+            and recovered.operation == "apply"
+            and (to is None or to == recovered.previous)
+        ):
+            return RollbackOutcome(recovered, None)
         cur = gens.current(paths)
         every = gens.list_generations(paths)
         if to is None:
@@ -114,14 +167,39 @@ def rollback(
             cur.number if cur else "none",
             target.number,
         )
-        return switch(
+        last = jn.read_last(paths)
+        others = last.others if last and cur and last.target.name == cur.name else []
+        result = switch(
             paths,
             host.services,
             target,
             stop_units=stop,
             env_text=env_text,
             health_timeout=health_timeout,
+            operation="rollback",
         )
+        outcome = RollbackOutcome(recovered, result)
+        if agreed:
+            outcome.others_started = _start_again(host.services, others, target.number)
+        else:
+            outcome.others_stopped = list(others)
+        return outcome
+
+
+def _start_again(services: ServiceManager, others: list[str], number: int) -> list[str]:
+    started = []
+    for unit in others:
+        try:
+            if not services.is_running(unit):
+                services.start(unit)
+            started.append(unit)
+        except EnvbuildError as exc:
+            raise EnvironmentFailure(
+                f"rolled back to generation {number}, but {unit} did not start again: "
+                f"{exc.message}",
+                hint=f"start it yourself (`systemctl start {unit}`)",
+            ) from exc
+    return started
 
 
 @dataclass
@@ -141,6 +219,12 @@ def gc(paths: Paths, *, keep: int = 3, dry_run: bool = False, wait: float = 0.0)
     with state_lock(paths, wait=wait, what="gc"):
         if not dry_run:
             gens.remove_leftovers(paths)
+        if paths.journal.exists() and not dry_run:
+            # gc never removes current; a cut-short switch means two generations are in use.
+            raise EnvironmentFailure(
+                f"a switch was cut short ({paths.journal})",
+                hint="run `envbuild apply --recover` (or `envbuild generations`) first",
+            )
         cur = gens.current(paths)
         every = gens.list_generations(paths)
         newest = {g.number for g in every[len(every) - keep :]} if keep else set()

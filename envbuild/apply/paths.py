@@ -52,6 +52,16 @@ class Paths:
         return self.state / "lock"
 
     @property
+    def journal(self) -> Path:
+        """The switch in progress (see :mod:`envbuild.apply.journal`); absent between switches."""
+        return self.state / "switch.json"
+
+    @property
+    def last_switch(self) -> Path:
+        """What the last finished switch did (the units it left stopped)."""
+        return self.state / "last-switch.json"
+
+    @property
     def units(self) -> Path:
         return self.under(UNIT_DIR)
 

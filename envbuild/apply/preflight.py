@@ -90,7 +90,7 @@ class PreflightInput:
     unit: str | None  # the unit this apply will run
     keep_units: frozenset[str]  # units that stay as they are (an up-to-date apply)
     running_units: list[str]  # envbuild's units that are running now
-    builds_missing: list[str]  # source builds that will be compiled
+    builds_missing: dict[str, bool]  # source builds that will be compiled -> needs nvcc
     secrets_missing: list[str]  # environment variables the unit's secrets need
     python: str | None  # the interpreter uv found for the spec's Python, None if none
     agreed: bool  # --yes
@@ -98,6 +98,8 @@ class PreflightInput:
     services_note: str = ""
     #: Generations with these very inputs that were modified after their build: (number, problems)
     rejected: list[tuple[int, list[str]]] = field(default_factory=list)
+    #: A switch that was cut short, which apply undoes first (said by a dry run, which does not).
+    pending: str | None = None
 
 
 def _norm_gpu(name: str) -> str:
@@ -164,6 +166,14 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
                 )
             )
 
+    if given.pending:
+        add(
+            Check(
+                "journal",
+                Status.WARN,
+                f"a switch was cut short ({given.pending}): apply undoes it first",
+            )
+        )
     for number, problems in given.rejected:
         add(
             Check(
@@ -176,7 +186,19 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
 
     # -- who holds GPU memory, which units stop ----------------------------------------------
     stop: set[str] = {u for u in given.running_units if u not in given.keep_units}
-    if processes:
+    up_to_date = given.unit is not None and given.unit in given.keep_units
+    if processes and up_to_date:
+        # The generation is current and its unit runs: nothing is switched, nothing stopped.
+        others = [p for p in processes if p.unit not in given.keep_units]
+        add(
+            Check(
+                "gpu-memory",
+                Status.OK,
+                f"{given.unit} runs this generation already"
+                + ("; also held by " + "; ".join(_who(p) for p in others) if others else ""),
+            )
+        )
+    elif processes:
         foreign = [p for p in processes if p.unit not in given.keep_units]
         loose = [p for p in foreign if p.unit is None]
         stop |= {p.unit for p in foreign if p.unit is not None}
@@ -254,9 +276,12 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
             add(Check("disk", Status.OK, f"{_gib(need)} to fetch into {where}"))
 
     # -- CUDA toolkit for source builds ------------------------------------------------------
-    if given.builds_missing:
+    plain = [dist for dist, cuda in sorted(given.builds_missing.items()) if not cuda]
+    if plain:
+        add(Check("builds", Status.OK, f"{', '.join(plain)}: not in the store, will be compiled"))
+    if cuda_builds := [dist for dist, cuda in sorted(given.builds_missing.items()) if cuda]:
         toolkit = probe.cuda_toolkit()
-        names = ", ".join(given.builds_missing)
+        names = ", ".join(cuda_builds)
         want = spec.cuda.version if spec.cuda else None
         if toolkit is None:
             add(

@@ -15,7 +15,8 @@ from packaging.utils import canonicalize_name
 
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.venv import StoreWheel
-from envbuild.errors import EnvironmentFailure, UserError
+from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
+from envbuild.fsio import sha256_file
 from envbuild.spec.load import LoadedSpec
 from envbuild.store import Store, default_store, derivation_key
 
@@ -31,8 +32,14 @@ def wanted(inp: ApplyInput) -> list[str]:
 
 class WheelProvider(ABC):
     @abstractmethod
-    def missing(self, inp: ApplyInput) -> list[str]:
-        """Source builds the store does not have yet (they will be compiled)."""
+    def missing(self, inp: ApplyInput) -> dict[str, bool]:
+        """Source builds the store does not have yet (they will be compiled) -> whether the
+        build needs a CUDA toolkit."""
+
+    @abstractmethod
+    def stored(self, inp: ApplyInput) -> dict[str, StoreWheel] | None:
+        """The wheels :meth:`provide` would give, if the store already holds every one of them
+        (derivation lookups only: nothing is built, fetched or patched); else None."""
 
     @abstractmethod
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
@@ -42,8 +49,11 @@ class WheelProvider(ABC):
 class IndexOnly(WheelProvider):
     """For locks that need no store wheel; refuses the others clearly."""
 
-    def missing(self, inp: ApplyInput) -> list[str]:
-        return [b.name for b in inp.lock.envbuild.builds]
+    def missing(self, inp: ApplyInput) -> dict[str, bool]:
+        return {b.name: True for b in inp.lock.envbuild.builds}
+
+    def stored(self, inp: ApplyInput) -> dict[str, StoreWheel] | None:
+        return None if wanted(inp) else {}
 
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
         if names := wanted(inp):
@@ -75,23 +85,69 @@ class StoreWheels(WheelProvider):
             )
         return inp.loaded
 
-    def missing(self, inp: ApplyInput) -> list[str]:
+    def missing(self, inp: ApplyInput) -> dict[str, bool]:
         if not inp.lock.envbuild.builds:
-            return []
+            return {}
         from envbuild.builder import HostBuilder
         from envbuild.sourcebuild import KIND, inputs_of
         from envbuild.sourceplan import build_requests
 
         builder = HostBuilder(inp.spec.python.version)
-        out = []
+        out = {}
         for req in build_requests(self._loaded(inp), inp.lock):
             try:
                 toolchain = builder.probe(cuda=req.needs_cuda)
             except EnvironmentFailure:
-                out.append(req.dist)  # no compiler: it cannot be in the store under its key
+                out[req.dist] = req.needs_cuda  # no compiler: it cannot be in the store
                 continue
             if self.store.lookup(derivation_key(KIND, inputs_of(req, toolchain, builder))) is None:
-                out.append(req.dist)
+                out[req.dist] = req.needs_cuda
+        return out
+
+    def stored(self, inp: ApplyInput) -> dict[str, StoreWheel] | None:
+        if not wanted(inp):
+            return {}
+        if inp.loaded is None:
+            return None
+        from envbuild.builder import HostBuilder
+        from envbuild.patches import KIND as PATCH_KIND
+        from envbuild.patches import PatchedWheel, patch_inputs
+        from envbuild.plan import select_wheels
+        from envbuild.sourcebuild import KIND, inputs_of
+        from envbuild.sourceplan import build_requests, patch_sets
+
+        store = self.store
+        out: dict[str, StoreWheel] = {}
+        try:
+            builder = HostBuilder(inp.spec.python.version)
+            for req in build_requests(inp.loaded, inp.lock):
+                toolchain = builder.probe(cuda=req.needs_cuda)
+                drv = store.lookup(derivation_key(KIND, inputs_of(req, toolchain, builder)))
+                if drv is None:
+                    return None
+                wheel = str(drv.meta.get("wheel", ""))
+                out[req.dist] = self._wheel(req.dist, req.version, wheel, drv.outputs["wheel"])
+            locked = {w.canonical: w for w in select_wheels(inp.lock, skip=frozenset(out))}
+            for dist, patches in patch_sets(inp.loaded, inp.lock).items():
+                if any(not p.is_file() or sha256_file(p) != ref.sha256 for p, ref in patches):
+                    return None  # provide() says what is wrong with the patch file
+                if dist in out:
+                    filename, sha256 = out[dist].filename, out[dist].sha256
+                elif dist in locked:
+                    filename, sha256 = locked[dist].filename, locked[dist].sha256
+                else:
+                    return None
+                refs = [ref for _, ref in patches]
+                drv = store.lookup(
+                    derivation_key(PATCH_KIND, patch_inputs(dist, filename, sha256, refs))
+                )
+                if drv is None:
+                    return None
+                p = PatchedWheel.model_validate(drv.meta["patched"])
+                out[dist] = self._wheel(dist, p.patched_version, p.wheel, drv.outputs["wheel"])
+        except EnvbuildError as exc:
+            log.debug("store wheels not looked up: %s", exc.message)
+            return None
         return out
 
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:

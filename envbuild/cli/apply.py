@@ -11,10 +11,12 @@ from typing import Any
 from envbuild.apply import host as hostmod
 from envbuild.apply.core import ApplyOutcome, Options, apply
 from envbuild.apply.inputs import load_input
+from envbuild.apply.manage import recover_pending
 from envbuild.apply.paths import HF_HOME
 from envbuild.apply.preflight import PreflightReport, Status
+from envbuild.apply.switch import Recovery
 from envbuild.cli import render
-from envbuild.errors import ExitCode
+from envbuild.errors import ExitCode, UsageError
 
 
 def add_root_flags(p: argparse.ArgumentParser) -> None:
@@ -41,10 +43,16 @@ def register(sub: Any) -> None:
         description="Check the machine (all at once), build an immutable generation from the "
         "lock, fetch the model at its pinned revision, install the vLLM unit, stop the old "
         "experiment's unit, start the new one and wait until it is healthy. Any failure puts "
-        "the previous generation and unit back. A SNAPSHOT (.json) is recreated from the spec "
-        "and lock it names.",
+        "the previous generation and unit back; a switch cut short by a kill is undone by the "
+        "next apply, rollback or generations (or --recover). A SNAPSHOT (.json) is recreated "
+        "from the spec and lock it names.",
     )
-    p.add_argument("source", metavar="SPEC|SNAPSHOT")
+    p.add_argument("source", metavar="SPEC|SNAPSHOT", nargs="?")
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="only undo a switch that was cut short (a killed apply or rollback), if any",
+    )
     add_root_flags(p)
     p.add_argument(
         "--hf-home",
@@ -70,6 +78,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.recover:
+        if args.source is not None:
+            raise UsageError("--recover takes no SPEC: it only undoes a switch cut short")
+        return _recover(args)
+    if args.source is None:
+        raise UsageError("give the SPEC or SNAPSHOT to apply (or --recover)")
     host = hostmod.real_host(Path(args.root), args.hf_home)
     inp = load_input(Path(args.source), host.paths)
     options = Options(
@@ -79,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
         health_timeout=args.health_timeout,
     )
     show = None if args.json else _show_preflight
+    show_recovered = None if args.json else show_recovery
     # SIGTERM undoes a half-done switch like Ctrl-C does.
     old = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        outcome = apply(inp, host, options, on_preflight=show)
+        outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
     finally:
         signal.signal(signal.SIGTERM, old)
     if args.json:
@@ -90,6 +105,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         _show_result(outcome, args.dry_run)
     return outcome.exit_code
+
+
+def _recover(args: argparse.Namespace) -> int:
+    host = hostmod.real_host(Path(args.root), args.hf_home)
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        recovered = recover_pending(host, wait=args.wait)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    if args.json:
+        render.emit_json({"recovered": recovered.as_dict() if recovered else None})
+    elif recovered is None:
+        render.echo("nothing to recover: no switch was cut short")
+    else:
+        show_recovery(recovered)
+    return ExitCode.OK
+
+
+def show_recovery(r: Recovery) -> None:
+    render.echo(r.summary())
+    for action in r.actions:
+        render.echo(f"  {action}")
 
 
 _MARK = {Status.OK: "ok", Status.WARN: "warn", Status.FAIL: "FAIL", Status.SKIP: "skip"}
@@ -136,6 +173,11 @@ def _show_result(o: ApplyOutcome, dry_run: bool) -> None:
         s = o.switch
         if s.stopped:
             render.echo(f"stopped: {', '.join(s.stopped)}")
+        if s.others_stopped:
+            render.echo(
+                f"left stopped: {', '.join(s.others_stopped)} (not envbuild's units; they held "
+                "GPU memory). `envbuild rollback --yes` starts them again"
+            )
         if s.unit and s.started:
             render.echo(
                 f"{s.unit}: started, healthy after {s.healthy_after_s or 0:.1f} s ({s.health_url})"

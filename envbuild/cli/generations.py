@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild.apply.manage import gc, list_infos
-from envbuild.apply.paths import Paths
+from envbuild.apply import host as hostmod
+from envbuild.apply.manage import gc, list_infos, recover_pending
 from envbuild.cli import render
-from envbuild.cli.apply import add_root_flags
+from envbuild.cli.apply import add_root_flags, show_recovery
 from envbuild.errors import ExitCode
 
 
@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
         help="list the generations apply built (spec, date, which is current); --gc removes old",
         description="List the generations under the state dir. --verify checks each one's files "
         "(exit 1 if one was modified); --gc removes all but the --keep newest (never the "
-        "current one).",
+        "current one). A switch cut short by a kill is undone first.",
     )
     add_root_flags(p)
     p.add_argument("--verify", action="store_true", help="check every file of each generation")
@@ -33,11 +33,20 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    paths = Paths(Path(args.root))
+    host = hostmod.real_host(Path(args.root))
+    paths = host.paths
+    # Listing must not fail because an apply is running: then its journal is no leftover.
+    recovered = None
+    if not (args.gc and args.dry_run):
+        recovered = recover_pending(host, wait=args.wait, busy_ok=not args.gc)
+    if recovered is not None and not args.json:
+        show_recovery(recovered)
     if args.gc:
         result = gc(paths, keep=args.keep, dry_run=args.dry_run, wait=args.wait)
         if args.json:
-            render.emit_json(result.as_dict())
+            render.emit_json(
+                {**result.as_dict(), "recovered": recovered.as_dict() if recovered else None}
+            )
         else:
             verb = "would remove" if args.dry_run else "removed"
             for name in result.removed:
@@ -50,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     infos = list_infos(paths, verify=args.verify)
     bad = any(i.check is not None and not i.check.ok for i in infos)
     if args.json:
-        render.emit_json({"generations": [i.as_dict() for i in infos]})
+        render.emit_json(
+            {
+                "generations": [i.as_dict() for i in infos],
+                "recovered": recovered.as_dict() if recovered else None,
+            }
+        )
     elif not infos:
         render.echo(f"no generations under {paths.generations}")
     else:

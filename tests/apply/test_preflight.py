@@ -140,7 +140,7 @@ def test_a_source_build_needs_a_matching_toolkit(
             unit=None,
             keep_units=frozenset(),
             running_units=[],
-            builds_missing=["flashy"],
+            builds_missing={"flashy": True},
             secrets_missing=[],
             python="/usr/bin/python3",
             agreed=False,
