@@ -29,9 +29,9 @@ from typing import IO, Any, Literal, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuild import layers
+from envbuild import image, layers
 from envbuild.builder import Builder, HostBuilder
-from envbuild.errors import EnvbuildError, EnvironmentFailure, UsageError, UserError
+from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fetch import fetch_wheels
 from envbuild.fsio import canonical_json, sha256_file
 from envbuild.install import (
@@ -47,7 +47,7 @@ from envbuild.install import (
 )
 from envbuild.lock import Lock, lock_path, read_lock
 from envbuild.lock.model import DebianBaseLock
-from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, write_outputs
+from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer, write_outputs
 from envbuild.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -310,32 +310,16 @@ def build(
     if dry_run:
         return BuildResult(None, plan, None, timings)
     result = BuildResult(None, plan, out, timings)
-    kept: list[str] = []
-    target = _target(plan)
-    comp = _compression(plan)
     with store.session():
-        built: dict[str, BuiltLayer] = {}
-        lower = [layer for layer in plan.layers if not layer.provisional]
-        wheels = _wheel_refs(lock, plan)
-        by_sha = {w.sha256: w for w in wheels}
-        with stage("fetch", timings):
-            todo = [layer for layer in lower if not store.available(layer.key)]
-            needed = {d.sha256 for layer in todo for d in layer.dists}
-            blobs = fetch_wheels(
-                [w for w in wheels if w.sha256 in needed], store, progress=progress
-            )
-            overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
-        with stage("base", timings):
-            base = _base_stage(loaded, lock, store, comp, progress, kept)
-        with stage("layers", timings):
-            _layers(lower, store, blobs, by_sha, leaves, target, comp, progress, built, result)
+        low = _lower(loaded, lock, plan, store, progress, result)
+        built, blobs = low.built, low.blobs
         with stage("sources", timings):
             made = realize_sources(
                 loaded,
                 lock,
                 store,
-                lambda: _builder(builder or BuilderOptions(), loaded, plan, store, base, built),
-                locked={w.canonical: w for w in wheels},
+                lambda: _builder(builder or BuilderOptions(), loaded, plan, store, low),
+                locked={w.canonical: w for w in low.wheels},
                 progress=progress,
             )
             plan = plan.with_layers(
@@ -354,14 +338,14 @@ def build(
             blobs.update({r.wheel.sha256: r.path for r in made.wheels.values()})
         with stage("layers", timings):
             top = [layer for layer in plan.layers if layer.name not in built]
-            _layers(top, store, blobs, by_sha, leaves, target, comp, progress, built, result)
+            _layers(top, store, low, progress, result)
         with stage("image", timings):
             manifest = write_outputs(
                 plan,
                 store,
-                base,
+                low.base,
                 built,
-                overlaps,
+                low.overlaps,
                 out,
                 docker_archive=docker_archive,
                 source_builds=made.builds,
@@ -373,51 +357,129 @@ def build(
                 blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
                 # the overlap report, a Debian resolution, the source builds and patched wheels
                 # too: gc must not make the next build redo them
-                derivations=[*(layer.key for layer in plan.layers), *kept, *made.keys],
+                derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
             )
     result.manifest = manifest
     return result
 
 
-def _layers(
-    todo: list[PlanLayer],
+def source_builder(
+    loaded: LoadedSpec,
     store: Store,
-    blobs: dict[str, Path],
-    by_sha: dict[str, WheelRef],
-    leaves: dict[str, frozenset[str]],
-    target: VenvTarget,
-    compression: layers.Compression,
+    options: BuilderOptions,
+    *,
+    compression: layers.Compression = COMPRESSION,
+    progress: Progress = NULL,
+) -> Builder:
+    """The builder ``envbuild build`` runs ``loaded``'s source builds in (what ``envbuild store
+    add-wheel`` keys a wheel for): a builder container needs the image's lower layers, which are
+    built here, or found in the store."""
+    if options.mode == "host":
+        return HostBuilder(loaded.spec.python.version)
+    lock, lock_hash = load_lock(loaded)
+    plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
+    with store.session():
+        low = _lower(loaded, lock, plan, store, progress, BuildResult(None, plan, None))
+        return _builder(options, loaded, plan, store, low)
+
+
+@dataclass
+class _Lower:
+    """What the stages below the sources stage made."""
+
+    wheels: list[WheelRef]
+    by_sha: dict[str, WheelRef]
+    blobs: dict[str, Path]
+    overlaps: list[dict[str, Any]]
+    leaves: dict[str, frozenset[str]]
+    target: VenvTarget
+    compression: layers.Compression
+    base: BaseResult
+    built: dict[str, BuiltLayer] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
+
+
+def _lower(
+    loaded: LoadedSpec,
+    lock: Lock,
+    plan: Plan,
+    store: Store,
     progress: Progress,
-    built: dict[str, BuiltLayer],
     result: BuildResult,
+) -> _Lower:
+    """fetch, base and the layers whose key the plan knows (everything but the provisional)."""
+    timings = result.timings
+    kept: list[str] = []
+    target, comp = _target(plan), _compression(plan)
+    lower = [layer for layer in plan.layers if not layer.provisional]
+    wheels = _wheel_refs(lock, plan)
+    with stage("fetch", timings):
+        todo = [layer for layer in lower if not store.available(layer.key)]
+        needed = {d.sha256 for layer in todo for d in layer.dists}
+        blobs = fetch_wheels([w for w in wheels if w.sha256 in needed], store, progress=progress)
+        overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
+    with stage("base", timings):
+        base = _base_stage(loaded, lock, store, comp, progress, kept)
+    low = _Lower(
+        wheels=wheels,
+        by_sha={w.sha256: w for w in wheels},
+        blobs=blobs,
+        overlaps=overlaps,
+        leaves=leaves,
+        target=target,
+        compression=comp,
+        base=base,
+        kept=kept,
+    )
+    with stage("layers", timings):
+        _layers(lower, store, low, progress, result)
+    return low
+
+
+def _layers(
+    todo: list[PlanLayer], store: Store, low: _Lower, progress: Progress, result: BuildResult
 ) -> None:
     """Install and pack ``todo`` (or find them in the store), ``WORKERS`` at a time."""
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         jobs = {
             layer.name: pool.submit(
-                _layer, layer, store, blobs, by_sha, leaves, target, compression, progress
+                _layer,
+                layer,
+                store,
+                low.blobs,
+                low.by_sha,
+                low.leaves,
+                low.target,
+                low.compression,
+                progress,
             )
             for layer in todo
         }
         for layer in todo:
             got, reused = jobs[layer.name].result()
-            built[layer.name] = got
+            low.built[layer.name] = got
             (result.reused if reused else result.rebuilt).append(layer.name)
 
 
 def _builder(
-    options: BuilderOptions,
-    loaded: LoadedSpec,
-    plan: Plan,
-    store: Store,
-    base: BaseResult,
-    built: dict[str, BuiltLayer],
+    options: BuilderOptions, loaded: LoadedSpec, plan: Plan, store: Store, low: _Lower
 ) -> Builder:
     """The builder source builds run in; a builder container's image is the base and every
     layer built so far (venv, torch and the rest), with the image's env."""
     if options.mode == "host":
         return HostBuilder(loaded.spec.python.version)
-    raise UsageError("--builder container is not available yet")
+    from envbuild.builder_container import ContainerBuilder
+
+    lower = [low.built[layer.name] for layer in plan.layers if layer.name in low.built]
+    config = image.ImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
+    return ContainerBuilder(
+        store,
+        layers=[*low.base.layers, *(stored_layer(store, b) for b in lower)],
+        config=config,
+        python=f"{plan.target['venv']}/bin/python",
+        network=options.network,
+        docker_host=options.docker_host,
+    )
 
 
 def _target(plan: Plan) -> VenvTarget:

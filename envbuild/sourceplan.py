@@ -9,13 +9,14 @@ without building anything: the build plan (``envbuild build --dry-run``) and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.audit import Audit
-from envbuild.builder import HostBuilder
+from envbuild.builder import Builder, HostBuilder
 from envbuild.errors import ManifestError, UsageError
 from envbuild.lock.model import Lock
 from envbuild.patches import KIND as PATCH_KIND
@@ -178,6 +179,7 @@ class StoredOutput(_Model):
     origin: str
     wheel_digest: str
     log_digest: str | None = None
+    builder: str = Field("", description="where a source build ran: host or container")
     sass: list[str] = Field(default_factory=list)
     ptx: list[str] = Field(default_factory=list)
 
@@ -195,8 +197,16 @@ def plan_for_spec(spec: Path) -> list[PlannedDerivation]:
     return describe(*_loaded_and_lock(spec))
 
 
-def add_wheel_for_spec(spec: Path, dist: str, wheel: Path, store: Store) -> BuildResult:
-    """``envbuild store add-wheel``: record ``wheel`` as the build of ``dist`` for ``spec``."""
+def add_wheel_for_spec(
+    spec: Path,
+    dist: str,
+    wheel: Path,
+    store: Store,
+    *,
+    builder: Callable[[LoadedSpec], Builder] | None = None,
+) -> BuildResult:
+    """``envbuild store add-wheel``: record ``wheel`` as the build of ``dist`` for ``spec``, under
+    the key a build by ``builder(loaded)`` would have (default: on this host)."""
     loaded, lock = _loaded_and_lock(spec)
     wanted = canonicalize_name(dist)
     req = next((r for r in build_requests(loaded, lock) if r.dist == wanted), None)
@@ -205,7 +215,8 @@ def add_wheel_for_spec(spec: Path, dist: str, wheel: Path, store: Store) -> Buil
             f"{loaded.display(loaded.path)} builds no {dist} from source",
             hint=f"it builds: {', '.join(sorted(loaded.spec.builds)) or 'nothing'}",
         )
-    return add_wheel(req, HostBuilder(loaded.spec.python.version), store, wheel)
+    made = builder(loaded) if builder else HostBuilder(loaded.spec.python.version)
+    return add_wheel(req, made, store, wheel)
 
 
 def stored_outputs(store: Store) -> list[StoredOutput]:
@@ -234,6 +245,7 @@ def stored_outputs(store: Store) -> list[StoredOutput]:
                 origin=origin,
                 wheel_digest=drv.outputs["wheel"],
                 log_digest=drv.outputs.get("log"),
+                builder=str(dict(drv.inputs.get("builder") or {}).get("mode", "")),
                 sass=sass,
                 ptx=ptx,
             )

@@ -87,16 +87,22 @@ _NVCC_VERSION = re.compile(r"\bV(\d+\.\d+\.\d+)")
 def nvcc_info(path: str) -> Nvcc:
     env = proc.child_env()
     version_out = proc.run([path, "--version"], tool="nvcc", env=env).stdout
+    codes = proc.run([path, "--list-gpu-code"], tool="nvcc", env=env).stdout
+    archs = proc.run([path, "--list-gpu-arch"], tool="nvcc", env=env).stdout
+    return parse_nvcc(path, version_out, codes, archs)
+
+
+def parse_nvcc(path: str, version_out: str, codes: str, archs: str) -> Nvcc:
+    """An :class:`Nvcc` from what ``nvcc --version``, ``--list-gpu-code`` and
+    ``--list-gpu-arch`` printed (here or in a builder container)."""
     m = _NVCC_VERSION.search(version_out)
     if not m:
         raise ToolNotFound(f"nvcc at {path} (its --version said nothing like V13.0.88)")
-    codes = proc.run([path, "--list-gpu-code"], tool="nvcc", env=env).stdout.split()
-    archs = proc.run([path, "--list-gpu-arch"], tool="nvcc", env=env).stdout.split()
     return Nvcc(
         path=path,
         version=m.group(1),
-        sass=tuple(c for c in codes if c.startswith("sm_")),
-        ptx=tuple(a for a in archs if a.startswith("compute_")),
+        sass=tuple(c for c in codes.split() if c.startswith("sm_")),
+        ptx=tuple(a for a in archs.split() if a.startswith("compute_")),
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from envbuild.build import BuilderOptions, source_builder
 from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
 from envbuild.sourceplan import add_wheel_for_spec, plan_for_spec, stored_outputs
@@ -47,6 +48,13 @@ def register(sub: Any) -> None:
     add.add_argument("spec", metavar="SPEC", type=Path)
     add.add_argument("dist", metavar="DIST", help="the distribution SPEC builds, e.g. flash-attn")
     add.add_argument("wheel", metavar="WHEEL", type=Path)
+    add.add_argument(
+        "--builder",
+        choices=["host", "container"],
+        default="host",
+        help="key it as `envbuild build --builder …` would build it (container: the image's "
+        "lower layers are built first, or found in the store; the engine is $DOCKER_HOST)",
+    )
     _store_flag(add)
     render.add_json_flag(add)
     add.set_defaults(func=_add)
@@ -82,7 +90,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _add(args: argparse.Namespace) -> int:
     store = _store(args)
-    result = add_wheel_for_spec(args.spec, args.dist, args.wheel, store)
+    options = BuilderOptions(mode=args.builder)
+    result = add_wheel_for_spec(
+        args.spec,
+        args.dist,
+        args.wheel,
+        store,
+        builder=lambda loaded: source_builder(loaded, store, options),
+    )
     if args.json:
         render.emit_json(result.model_dump(mode="json"))
         return ExitCode.OK
@@ -99,7 +114,8 @@ def _ls(args: argparse.Namespace) -> int:
     for o in outputs:
         archs = " ".join([*o.sass, *o.ptx]) or "-"
         render.echo(
-            f"{o.key[:12]}  {o.kind:<12} {o.dist} {o.version}  {o.origin:<7} {archs}  {o.wheel}"
+            f"{o.key[:12]}  {o.kind:<12} {o.dist} {o.version}  {o.origin:<7} "
+            f"{o.builder or '-':<9} {archs}  {o.wheel}"
         )
     return ExitCode.OK
 

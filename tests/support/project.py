@@ -4,6 +4,8 @@ lock's own models, naming tiny wheels by ``file://`` URL (and source builds, pat
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import tarfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -71,11 +73,19 @@ def write_project(
     (``lie``: a wrong sha256 for that one), the sdists of ``builds`` (``(name, version, sdist)``,
     flags from the spec's ``[builds.<name>.env]`` in ``extra``), the spec's patches and
     ``index`` as the default index."""
-    spec_path, lock_path_ = (str(base.resolve()),) * 2 if base else ("../rootfs.tar", "rootfs.tar")
     if base is None:
         base = repo / "rootfs.tar"
         if not base.exists():
             rootfs(repo)
+    elif base.parent != repo:  # the spec may name files inside the repository only
+        inside = repo / base.name
+        if not inside.exists():
+            try:
+                os.link(base, inside)
+            except OSError:
+                shutil.copyfile(base, inside)
+        base = inside
+    spec_path, lock_path_ = f"../{base.name}", base.name
     spec = repo / "specs" / f"{name}.toml"
     spec.write_text(
         f'[base]\nkind = "rootfs"\npath = "{spec_path}"\n'
