@@ -111,13 +111,28 @@ def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
     variant = f"{torch.cuda[2:-1]}.{torch.cuda[-1]}"
     major = int(torch.cuda[2:-1])
     if spec.host:
+        driver = spec.host.driver
         floor = kb.major_min_driver(major)
-        if floor and kb.driver_key(spec.host.driver) < kb.driver_key(floor.driver):
+        ga = kb.min_driver(variant)
+        if floor and kb.driver_key(driver) < kb.driver_key(floor.driver):
             yield loaded.problem(
                 ("torch", "cuda"),
                 f"torch's {torch.cuda} wheels need a CUDA {major}.x driver (>= {floor.driver}); "
-                f"the host has {spec.host.driver}",
+                f"the host has {driver}",
                 "upgrade the driver, or use a torch built for an older CUDA",
+            )
+        elif ga and kb.driver_key(driver) < kb.driver_key(ga.driver):
+            older = _newest_cuda_for(driver, major)
+            yield loaded.problem(
+                ("torch", "cuda"),
+                f"torch's {torch.cuda} wheels are CUDA {variant} builds and driver {driver} is "
+                f"below CUDA {variant}'s minimum {ga.driver}: they run only by CUDA minor version "
+                f"compatibility, where the driver cannot JIT-compile PTX newer than its own CUDA "
+                "(kernels without SASS for the GPU fail to load) and APIs that need a newer "
+                "driver fail",
+                f"upgrade the driver to >= {ga.driver}"
+                + (f", or use a torch built for CUDA {older} or older" if older else ""),
+                severity=WARNING,
             )
     if spec.cuda and int(spec.cuda.version.split(".")[0]) != major:
         yield loaded.problem(
@@ -127,6 +142,17 @@ def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
             f"use a CUDA {major}.x toolkit, or a torch built for CUDA "
             f"{spec.cuda.version.split('.')[0]}",
         )
+
+
+def _newest_cuda_for(driver: str, major: int) -> str | None:
+    """The newest ``MAJOR.MINOR`` release of CUDA ``major`` whose GA minimum ``driver`` meets."""
+    fits = [
+        Version(f.cuda)
+        for f in kb.knowledge().cuda_min_driver
+        if Version(f.cuda).major == major and kb.driver_key(driver) >= kb.driver_key(f.driver)
+    ]
+    newest = max(fits, default=None)
+    return f"{newest.major}.{newest.minor}" if newest else None
 
 
 def vllm_pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
