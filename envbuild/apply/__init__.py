@@ -8,7 +8,8 @@ Modules, one job each: :mod:`~envbuild.apply.paths` (where, under ``--root``),
 generation), :mod:`~envbuild.apply.integrity` (was it edited), :mod:`~envbuild.apply.modelcache`
 (huggingface_hub), :mod:`~envbuild.apply.unit` (systemd unit), :mod:`~envbuild.apply.services`
 (systemctl), :mod:`~envbuild.apply.health` (vLLM's /health), :mod:`~envbuild.apply.switch` (the
-undoable switch), :mod:`~envbuild.apply.record` (the snapshot beside it),
+undoable switch, and the recovery of one cut short), :mod:`~envbuild.apply.journal` (what a switch
+in progress records), :mod:`~envbuild.apply.record` (the snapshot beside it),
 :mod:`~envbuild.apply.manage` (list, rollback, gc), :mod:`~envbuild.apply.hostsetup` (the driver
 script) and :mod:`~envbuild.apply.core` (all of it in order).
 """

@@ -2,6 +2,8 @@
 
 * a local wheel index (session): ``tinydep`` and two versions of a fake ``vllm`` whose console
   script serves /health (tests/cases/apply/fake_vllm.py), served by :mod:`support.pyindex`;
+* ``source_index`` (session, reaches PyPI once): the same with F's C-extension fixture as an sdist
+  and the setuptools/wheel its build needs, for source builds through apply;
 * a local Hugging Face hub (session, :mod:`support.hfhub`) with two tiny models;
 * ``experiment``: writes a spec into a repository and locks it with envbuild's own lock stage;
 * ``machine``: the CLI works on a root with fake GPUs and a fake systemd that really runs units.
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import pytest
 from support import hfhub, pyindex
+from support.buildindex import BACKEND, UPLOADED
 from support.fakesystemd import FakeSystemd, fake_host
+from support.sdists import FIXTURES, pack_sdist
 from support.wheels import make_wheel
 
 from envbuild.apply import host as hostmod
@@ -86,6 +90,29 @@ def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
     uploaded = datetime(2025, 6, 1, tzinfo=UTC)
     root = work / "root"
     pyindex.write_index(root, [(f, "simple", uploaded) for f in files])
+    with pyindex.serve(root) as url:
+        yield Index(url, root)
+
+
+@pytest.fixture(scope="session")
+def source_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
+    """tinydep, the fake vllm 0.0.1, ``fixture-cext`` 1.0.0 as an sdist only
+    (tests/cases/fixtures-src/cext) and the build backend it needs (from PyPI, once)."""
+    work = tmp_path_factory.mktemp("apply-source-index")
+    dist = work / "dist"
+    files = [
+        make_wheel(dist, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 1\n"}),
+        fake_vllm_wheel(dist, "0.0.1"),
+        pack_sdist(FIXTURES / "cext", "fixture-cext", "1.0.0", dist),
+    ]
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"]
+    argv += ["--only-binary=:all:", "--dest", str(work / "backend"), *BACKEND]
+    if cert := os.environ.get("SSL_CERT_FILE"):
+        argv += ["--cert", cert]
+    subprocess.run(argv, check=True, capture_output=True)
+    files += sorted((work / "backend").iterdir())
+    root = work / "root"
+    pyindex.write_index(root, [(f, "simple", UPLOADED) for f in files])
     with pyindex.serve(root) as url:
         yield Index(url, root)
 

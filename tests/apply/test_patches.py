@@ -75,3 +75,29 @@ def test_a_patched_wheel_from_the_store_and_no_stale_patch_after(
     assert new is not None and new.number == 2 and new.meta.packages["vllm"] == "0.0.2"
     assert "patched" not in (site_packages(new) / "vllm" / "cli.py").read_text()
     assert not (new.path / "wheels").exists()
+
+
+def test_a_patched_spec_applied_again_needs_no_yes_while_the_store_holds_its_wheel(
+    cli, experiment: Experiment, machine: Machine, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = with_patch(experiment("tiny-a", lock=False), repo)
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    pids = machine.systemd.running_pids()
+
+    # the patched wheel is in the store: the generation's content hash is known up front, it is
+    # current and its unit runs, so nothing will stop and no --yes is asked for
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["up_to_date"] and r.json()["reused"]
+    assert machine.systemd.running_pids() == pids
+
+    # with an empty store the hash is not known before the wheel is made again: --yes it is
+    monkeypatch.setenv("ENVBUILD_STORE", str(repo / "empty-store"))
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 3 and "FAIL  units" in r.stdout
+    r = cli("apply", spec, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    # the patch is made again, byte for byte: the same generation, still up to date
+    assert r.json()["up_to_date"] and r.json()["generation"] == 1
+    assert machine.systemd.running_pids() == pids
+    assert [g.number for g in gens.list_generations(machine.paths)] == [1]

@@ -1,0 +1,95 @@
+"""A source build through apply: F's C-extension fixture (tests/cases/fixtures-src/cext), locked
+as an sdist from the tests' index, is compiled by gcc through the store (sourceplan/sourcebuild),
+installed into the generation's venv and imported there; a re-apply finds it in the store and
+compiles nothing (the same spec: nothing at all changes, no --yes needed; another spec with the
+same build: a new generation from the stored wheel)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from apply.conftest import Experiment, Index, Machine
+
+from envbuild.apply import generations as gens
+from envbuild.lock import lock_spec
+from envbuild.spec import load_spec
+from envbuild.store import Store
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]  # setuptools for the build, once
+
+BUILD = """
+[builds.fixture-cext]
+version = "1.0.0"
+
+[builds.fixture-cext.env]
+CEXT_GREETING = "compiled for apply"
+"""
+GREET = "import fixture_cext; print(fixture_cext.greeting())"
+
+
+def with_build(spec: Path) -> Path:
+    spec.write_text(spec.read_text() + BUILD)
+    lock_spec(load_spec(spec))
+    return spec
+
+
+def store_state(store: Store) -> tuple[list[str], list[str]]:
+    return store.derivations(), sorted(p.name for p in store.blobs.iterdir())
+
+
+def greeting(gen: gens.Generation) -> str:
+    done = subprocess.run(
+        [gen.venv / "bin" / "python", "-c", GREET], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_a_source_built_extension_in_the_generation_and_reused(
+    cli, experiment: Experiment, machine: Machine, source_index: Index, tmp_path: Path
+) -> None:
+    spec = with_build(experiment("tiny-a", index=source_index.url, lock=False))
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    checks = {c["name"]: c for c in out["preflight"]["checks"]}
+    assert checks["builds"]["message"] == "fixture-cext: not in the store, will be compiled"
+    assert "toolkit" not in checks  # a C extension needs no nvcc
+    gen = gens.current(machine.paths)
+    assert gen is not None and gen.meta.packages["fixture-cext"] == "1.0.0"
+
+    # the compiled extension is in the venv, from the store's wheel, and it imports there
+    site = next((gen.venv / "lib").glob("python3.*/site-packages"))
+    assert len(list((site / "fixture_cext").glob("_hello*.so"))) == 1
+    (link,) = (gen.path / "wheels").iterdir()
+    assert link.name.startswith("fixture_cext-1.0.0-cp3") and link.name.endswith(".whl")
+    assert link.is_symlink() and link.resolve().parent.name == "sha256"
+    assert greeting(gen) == "compiled for apply"  # the build flag reached gcc
+    store = Store(tmp_path / "store")
+    built = store_state(store)
+    (key,) = built[0]
+    drv = store.lookup(key)
+    assert drv is not None and drv.kind == "source-build"
+    assert link.resolve() == store.blob_path(drv.outputs["wheel"])
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+    pids = machine.systemd.running_pids()
+
+    # the same spec again: the store holds the build, so the generation is found before
+    # anything is built; its unit runs, so nothing changes and no --yes is needed
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    assert out["reused"] and out["up_to_date"] and out["generation"] == 1
+    assert "builds" not in {c["name"] for c in out["preflight"]["checks"]}
+    assert store_state(store) == built and machine.systemd.running_pids() == pids
+
+    # another experiment with the same build: a new generation, the wheel from the store
+    other = with_build(experiment("tiny-c", index=source_index.url, lock=False))
+    r = cli("apply", other, "--root", machine.root, "--yes")
+    assert r.exit_code == 0, r.stderr
+    assert "fixture-cext 1.0.0: reusing the build" in r.stderr
+    assert "building with MAX_JOBS" not in r.stderr
+    assert store_state(store) == built  # nothing compiled, nothing added
+    new = gens.current(machine.paths)
+    assert new is not None and new.number == 2 and greeting(new) == "compiled for apply"
