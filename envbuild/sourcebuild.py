@@ -354,6 +354,14 @@ def realize(
             check_audit(req, result.audit, result.wheel)
             log.info("%s %s: reusing the build %s", req.dist, req.version, key[:12])
             return result
+        if store.available(key):  # a store with a remote cache in front has it there
+            log.info("%s %s: the build %s is in the cache", req.dist, req.version, key[:12])
+            substituted = store.build(
+                KIND, inputs, lambda: _build(req, builder, store, inputs, memory=memory)
+            )
+            result = _result(req, substituted.drv, reused=substituted.reused)
+            check_audit(req, result.audit, result.wheel)
+            return result
         prev = previous_build(store, req.dist, not_key=key)
         changes = diff_inputs(prev.inputs, inputs) if prev else []
         if prev:

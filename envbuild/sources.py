@@ -127,7 +127,7 @@ def realize_sources(
                 patches_mod.KIND, patches_mod.patch_inputs(dist, ref.filename, ref.sha256, refs)
             )
             base = store.blob_path(f"sha256:{ref.sha256}")
-            if store.lookup(key) is None:
+            if not store.available(key):  # here, or in a remote cache
                 base = fetch_wheels([ref], store, progress=progress)[ref.sha256]
             sha, filename, version, prior = ref.sha256, ref.filename, ref.version, []
         else:

@@ -9,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.build import COMPRESSION, BuilderOptions, BuildResult, build
+from envbuild.cache import CachedStore
 from envbuild.cli import render
+from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.layers import Compression
 from envbuild.progress import NULL, Progress, Task
+from envbuild.registry import get_transport
 from envbuild.spec import load_spec
 from envbuild.store import Store, default_store
 
@@ -68,6 +72,8 @@ def register(sub: Any) -> None:
         help="the network of a builder container (default: %(default)s; it gets this machine's "
         "proxy variables and $SSL_CERT_FILE, for the build only)",
     )
+    add_cache_args(p)
+    add_registry_args(p)
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -75,6 +81,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec)
     store = Store(args.store) if args.store else default_store()
+    if args.cache and not args.dry_run:
+        transport = get_transport(args.transport)
+        store = store_with_cache(store, args, endpoint_from_args(args), transport)
     progress = RichProgress() if _interactive(args) else NULL
     with progress_context(progress):
         result = build(
@@ -98,6 +107,14 @@ def run(args: argparse.Namespace) -> int:
         render.emit_json(result.manifest.model_dump(mode="json"))
         return ExitCode.OK
     _show_build(result)
+    if isinstance(store, CachedStore):
+        stats = store.remote.stats
+        print(
+            f"cache {args.cache}: {len(stats.hits)} derivation(s) pulled "
+            f"({_mb(stats.bytes_fetched)}), {len(stats.published)} published "
+            f"({_mb(stats.bytes_uploaded)} uploaded)",
+            file=sys.stderr,
+        )
     render.echo(result.manifest.image)
     return ExitCode.OK
 

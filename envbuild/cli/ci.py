@@ -6,36 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild.cache import CachedStore, RemoteCache
 from envbuild.ci import discover_specs, human_size, run_ci, summary_markdown
 from envbuild.cli import render
+from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
-from envbuild.registry import Endpoint, get_transport, parse_repo
+from envbuild.registry import get_transport, parse_repo
 from envbuild.spec.load import find_root
 from envbuild.store import Store, default_store
-
-
-def add_cache_args(p: argparse.ArgumentParser) -> None:
-    """``--cache REGISTRY/REPO`` and ``--cache-read-only``, for any command that builds."""
-    p.add_argument(
-        "--cache",
-        metavar="REGISTRY/REPO",
-        help="a remote build cache: pull layers and source builds made elsewhere, push new ones",
-    )
-    p.add_argument(
-        "--cache-read-only", action="store_true", help="pull from the cache but push nothing to it"
-    )
-
-
-def store_with_cache(store: Store, args: argparse.Namespace, endpoint: Endpoint) -> Store:
-    """``store`` behind the remote cache ``--cache`` names (``store`` itself without one)."""
-    if not args.cache:
-        return store
-    remote = RemoteCache(
-        parse_repo(args.cache, what="--cache"), endpoint=endpoint, push=not args.cache_read_only
-    )
-    return CachedStore.over(store, remote)
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,40 @@
+"""``--cache REGISTRY/REPO`` and ``--cache-read-only``: the remote build cache, for every command
+that builds (``envbuild build``, ``envbuild ci``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from envbuild.cache import CachedStore, RemoteCache
+from envbuild.registry import Endpoint, Transport, parse_repo
+from envbuild.store import Store
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """``--cache REGISTRY/REPO`` and ``--cache-read-only``, for any command that builds."""
+    p.add_argument(
+        "--cache",
+        metavar="REGISTRY/REPO",
+        help="a remote build cache: pull layers and source builds made elsewhere, push new ones",
+    )
+    p.add_argument(
+        "--cache-read-only", action="store_true", help="pull from the cache but push nothing to it"
+    )
+
+
+def store_with_cache(
+    store: Store,
+    args: argparse.Namespace,
+    endpoint: Endpoint,
+    transport: Transport | None = None,
+) -> Store:
+    """``store`` behind the remote cache ``--cache`` names (``store`` itself without one)."""
+    if not args.cache:
+        return store
+    remote = RemoteCache(
+        parse_repo(args.cache, what="--cache"),
+        endpoint=endpoint,
+        transport=transport,
+        push=not args.cache_read_only,
+    )
+    return CachedStore.over(store, remote)
