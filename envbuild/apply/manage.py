@@ -16,7 +16,14 @@ from envbuild.apply.paths import Paths
 from envbuild.apply.services import ServiceManager
 from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, generation_spec, recover, switch
-from envbuild.errors import Busy, EnvbuildError, EnvironmentFailure, IntegrityError, UserError
+from envbuild.errors import (
+    Busy,
+    EnvbuildError,
+    EnvironmentFailure,
+    IntegrityError,
+    OutputError,
+    UserError,
+)
 
 log = logging.getLogger("envbuild.apply.manage")
 
@@ -75,8 +82,9 @@ def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
 def recover_pending(host: Host, *, wait: float = 0.0, busy_ok: bool = False) -> Recovery | None:
     """Undo (or finish) a switch that was cut short, if the journal shows one: for commands that
     otherwise only read (``generations``) and for ``apply --recover``. Takes the state lock only
-    when there is a journal. ``busy_ok``: another envbuild holds the lock (its switch is not
-    cut short, it is running): say so and do nothing."""
+    when there is a journal. ``busy_ok``: when the lock cannot be had — another envbuild holds
+    it (so its switch is running, not cut short), or this user may not write the state dir —
+    say so and do nothing."""
     if not host.paths.journal.exists():
         return None
     try:
@@ -86,7 +94,11 @@ def recover_pending(host: Host, *, wait: float = 0.0, busy_ok: bool = False) -> 
         if not busy_ok:
             raise
         log.warning("a switch is in progress: %s", exc.message)
-        return None
+    except OutputError as exc:
+        if not busy_ok:
+            raise
+        log.warning("a switch was cut short, and is not undone: %s", exc.message)
+    return None
 
 
 @dataclass
