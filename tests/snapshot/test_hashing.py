@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from envbuild.snapshot import hashing
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -49,28 +56,83 @@ def check(results: dict[str, hashing.FileHash], items: dict[str, int], root: Pat
             assert fh.mtime_ns == os.stat(path).st_mtime_ns
 
 
-@pytest.mark.parametrize("engine", ["processes", "threads"])
-def test_both_engines_agree_with_hashlib(
-    tree: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+# Forked workers are used only by a process running no other thread (fork would be unsafe), and
+# a test session runs some (the fixtures' local HTTP servers): the process engine is tested in a
+# fresh interpreter, where it really forks.
+_IN_A_FRESH_PROCESS = """
+import json, sys
+from envbuild.snapshot import hashing
+hashing.ENGINE = "processes"
+assert hashing._use_processes(3, 0), "the process engine would not fork here"
+items = json.load(sys.stdin)
+if sys.argv[1] == "broken":
+    def broken(batch, buffer=None):
+        raise RuntimeError("worker broke")
+    hashing._hash_batch = broken
+    try:
+        hashing.hash_files(items.items(), workers=2)
+    except OSError as exc:
+        print(json.dumps({"error": str(exc)}))
+    sys.exit(0)
+calls = []
+results = hashing.hash_files(items.items(), workers=3, meanwhile=lambda: calls.append(1))
+out = {p: [fh.size, fh.digest.hex() if fh.digest else None, fh.error, fh.missing, fh.mtime_ns]
+       for p, fh in results.items()}
+print(json.dumps({"calls": calls, "results": out}))
+"""
+
+
+def in_fresh_process(mode: str, items: dict[str, int]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _IN_A_FRESH_PROCESS, mode],
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+def test_the_process_engine_agrees_with_hashlib(tree: dict[str, int], tmp_path: Path) -> None:
+    got = in_fresh_process("hash", tree)
+    assert got["calls"] == [1]
+    results = {
+        path: hashing.FileHash(path, size, bytes.fromhex(hex_) if hex_ else None, err, gone, mt)
+        for path, (size, hex_, err, gone, mt) in got["results"].items()
+    }
+    check(results, tree, tmp_path)
+
+
+def test_the_thread_engine_agrees_with_hashlib(
+    tree: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hashing, "ENGINE", engine)
-    assert hashing._use_processes(3, 0) is (engine == "processes")  # forked here, really
+    monkeypatch.setattr(hashing, "ENGINE", "threads")
+    assert not hashing._use_processes(3, 1 << 40)
     calls: list[int] = []
     results = hashing.hash_files(tree.items(), workers=3, meanwhile=lambda: calls.append(1))
     assert calls == [1]
     check(results, tree, tmp_path)
 
 
-def test_a_failing_worker_is_an_error_not_a_short_answer(
-    tree: dict[str, int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(batch: list[str], buffer: bytearray | None = None) -> list[hashing.FileHash]:
-        raise RuntimeError("worker broke")
-
+def test_a_process_running_threads_never_forks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hashing, "ENGINE", "processes")
-    monkeypatch.setattr(hashing, "_hash_batch", broken)
-    with pytest.raises(OSError, match="hashing worker"):
-        hashing.hash_files(tree.items(), workers=2)
+    started, stop = threading.Event(), threading.Event()
+    other = threading.Thread(target=lambda: (started.set(), stop.wait()), daemon=True)
+    other.start()
+    try:
+        started.wait()
+        assert not hashing._use_processes(3, 1 << 40)
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_a_failing_worker_is_an_error_not_a_short_answer(tree: dict[str, int]) -> None:
+    got = in_fresh_process("broken", tree)
+    assert "hashing worker" in got.get("error", ""), got
 
 
 def test_largest_files_go_first_and_small_ones_in_batches(tree: dict[str, int]) -> None:
