@@ -7,6 +7,7 @@ The image is checked with skopeo, umoci and a private dockerd (``docker run --ne
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -52,9 +53,18 @@ def envbuild(
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
 
 
-def build_into(store: Path, output: Path, **kw: Any) -> Built:
+def build_into(
+    store: Path,
+    output: Path,
+    *,
+    spec: Path = SPEC,
+    compression: tuple[str, ...] = GZIP,
+    **kw: Any,
+) -> Built:
     start = time.perf_counter()
-    done = envbuild("build", *GZIP, "--store", store, "--output", output, "--json", SPEC, **kw)
+    done = envbuild(
+        "build", *compression, "--store", store, "--output", output, "--json", spec, **kw
+    )
     took = time.perf_counter() - start
     assert done.returncode == 0, done.stderr
     return Built(store, output, json.loads(done.stdout), took)
@@ -106,6 +116,83 @@ def test_two_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) 
     blobs_b = sorted(p.name for p in (second.output / "oci/blobs/sha256").iterdir())
     assert blobs_a == blobs_b
     assert (quickstart.output / "docker-archive.tar").read_bytes() == (
+        second.output / "docker-archive.tar"
+    ).read_bytes()
+
+
+def _zstd_project(quickstart: Built, top: Path) -> Path:
+    """The quickstart spec over the session build's Debian base, as a rootfs tarball (its base
+    layer, decompressed) in a new repository, with the quickstart lock re-pinned to it: a second
+    compression needs no second mmdebstrap run (the Debian base's key includes the compression)."""
+    from envbuild.fsio import sha256_file
+    from envbuild.lock import dumps, lock_path, read_lock
+    from envbuild.lock.model import RootfsBaseLock
+    from envbuild.store import Store
+
+    (top / ".git").mkdir(parents=True)
+    (top / "specs").mkdir()
+    (base,) = [x for x in quickstart.manifest["layers"] if x["kind"] == "base"]
+    assert base["media_type"].endswith("+gzip")
+    rootfs = top / "rootfs.tar"
+    with (
+        gzip.open(Store(quickstart.store).blob_path(base["digest"])) as src,
+        rootfs.open("wb") as dst,
+    ):
+        shutil.copyfileobj(src, dst)
+    text = SPEC.read_text()
+    debian = text[text.index("[base]\n") : text.index("[python]")]
+    spec = top / "specs" / "quickstart.toml"
+    pinned = f'sha256 = "{sha256_file(rootfs)}"\n'
+    spec.write_text(
+        text.replace(debian, f'[base]\nkind = "rootfs"\npath = "../rootfs.tar"\n{pinned}\n')
+    )
+    loaded = load_spec(spec)
+    lock = read_lock(REPO / "lockfiles" / "quickstart.pylock.toml")
+    ours = lock.tool.envbuild.model_copy(
+        update={
+            "spec_hash": loaded.spec_hash(),
+            "base": RootfsBaseLock(kind="rootfs", path="rootfs.tar", sha256=sha256_file(rootfs)),
+        }
+    )
+    relocked = lock.model_copy(update={"tool": lock.tool.model_copy(update={"envbuild": ours})})
+    lock_path(loaded).parent.mkdir()
+    lock_path(loaded).write_text(dumps(relocked, spec_file="specs/quickstart.toml"))
+    return spec
+
+
+def test_two_zstd_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) -> None:
+    """The default compression (zstd) is as reproducible: two builds into two stores, the
+    second with umask 077, TZ=Asia/Tokyo, another HOME and cwd. Both start from the session
+    build's base as a rootfs tarball rather than a second mmdebstrap run (~70 s on 2 cores)."""
+    spec = _zstd_project(quickstart, tmp_path / "project")
+    zstd = ("--compression", "zstd")
+    first = build_into(tmp_path / "store-c", tmp_path / "out-c", spec=spec, compression=zstd)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "TZ": "Asia/Tokyo", "HOME": str(elsewhere), "LC_ALL": "C"}
+    env.pop("ENVBUILD_STORE", None)
+    env["PYTHONPATH"] = str(REPO)
+    second = build_into(
+        tmp_path / "store-d", tmp_path / "out-d", spec=spec, compression=zstd, cwd=elsewhere,
+        env=env, umask="077",
+    )  # fmt: skip
+    media = {layer["media_type"] for layer in first.manifest["layers"]}
+    assert media == {"application/vnd.oci.image.layer.v1.tar+zstd"}, media
+    assert second.manifest == first.manifest
+    assert second.manifest["image"] == first.manifest["image"]
+    # the same files as the gzip image, in other layers' bytes
+    gz = {x["name"]: x["diff_id"] for x in quickstart.manifest["layers"] if x["kind"] != "base"}
+    zs = {x["name"]: x["diff_id"] for x in first.manifest["layers"] if x["kind"] != "base"}
+    assert zs == gz
+    assert layer_digests(first.manifest) != layer_digests(quickstart.manifest)
+    blobs_c = sorted(p.name for p in (first.output / "oci/blobs/sha256").iterdir())
+    blobs_d = sorted(p.name for p in (second.output / "oci/blobs/sha256").iterdir())
+    assert blobs_c == blobs_d
+    for name in blobs_c:
+        assert (first.output / "oci/blobs/sha256" / name).read_bytes() == (
+            second.output / "oci/blobs/sha256" / name
+        ).read_bytes()
+    assert (first.output / "docker-archive.tar").read_bytes() == (
         second.output / "docker-archive.tar"
     ).read_bytes()
 
