@@ -135,7 +135,9 @@ def apply(
             and unit in running
         ):
             keep = frozenset({unit})
-        store_missing = host.wheels.missing(inp)
+        # a generation to reuse needs nothing built (nor the spec file that builds would need)
+        reuse = found is not None and found.generation is not None
+        store_missing = {} if reuse else host.wheels.missing(inp)
         report = run_preflight(
             host.probe,
             paths,
@@ -165,6 +167,8 @@ def apply(
         else:
             realised = realise(paths, inp, host.wheels.provide(inp), found=found)
         _record_build(outcome, realised)
+        # a store root keeps the wheels its wheels/ links name through `envbuild gc`
+        host.wheels.keep(realised.generation)
         if spec.model is not None:
             outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
         target = realised.generation

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from envbuild.apply.generations import Generation, list_generations
 from envbuild.apply.paths import Paths
-from envbuild.errors import InputFileError, ManifestError, UserError
+from envbuild.errors import EnvbuildError, InputFileError, ManifestError, UserError
 from envbuild.fsio import sha256_bytes
 from envbuild.lock import Lock, lock_path
 from envbuild.lock import loads as parse_lock
@@ -117,9 +117,18 @@ def from_snapshot(path: Path, paths: Paths) -> ApplyInput:
             f"{path}: the snapshot names no spec and lock, so there is nothing to recreate",
             hint="use a snapshot written by `envbuild apply` or `envbuild snapshot --spec SPEC`",
         )
-    for gen in reversed(list_generations(paths)):
-        if gen.meta.lock_sha256 == ref.lock_sha256 and gen.meta.spec_hash == ref.spec_hash:
-            return from_generation(gen, str(path))
+    kept = next(
+        (
+            gen
+            for gen in reversed(list_generations(paths))
+            if gen.meta.lock_sha256 == ref.lock_sha256 and gen.meta.spec_hash == ref.spec_hash
+        ),
+        None,
+    )
+    if kept is not None:
+        # the generation's copies decide; the repository's spec file, when it is the same,
+        # comes along for source builds and patches (a modified generation is rebuilt)
+        return replace(from_generation(kept, str(path)), loaded=_same_spec(ref.path, ref.spec_hash))
     spec_file = Path(ref.path)
     if not spec_file.is_file():
         raise InputFileError(
@@ -138,6 +147,17 @@ def from_snapshot(path: Path, paths: Paths) -> ApplyInput:
             hint="check out the commit the snapshot was taken from, then apply it again",
         )
     return replace(from_spec(spec_file, lock=lock_file), origin=str(path))
+
+
+def _same_spec(path: str, spec_hash: str) -> LoadedSpec | None:
+    """The spec file at ``path`` if it is there, loads, and has ``spec_hash``; else None."""
+    if not Path(path).is_file():
+        return None
+    try:
+        loaded = load_spec(path)
+    except EnvbuildError:
+        return None
+    return loaded if loaded.spec_hash() == spec_hash else None
 
 
 def load_input(path: Path, paths: Paths) -> ApplyInput:

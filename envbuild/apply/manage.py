@@ -16,6 +16,7 @@ from envbuild.apply.paths import Paths
 from envbuild.apply.services import ServiceManager
 from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, generation_spec, recover, switch
+from envbuild.apply.wheels import WheelProvider
 from envbuild.errors import (
     Busy,
     EnvbuildError,
@@ -224,8 +225,16 @@ class GcResult:
         return {"removed": self.removed, "kept": self.kept, "freed_bytes": self.freed_bytes}
 
 
-def gc(paths: Paths, *, keep: int = 3, dry_run: bool = False, wait: float = 0.0) -> GcResult:
-    """Remove all but the ``keep`` newest generations; the current one always stays."""
+def gc(
+    paths: Paths,
+    *,
+    keep: int = 3,
+    dry_run: bool = False,
+    wait: float = 0.0,
+    wheels: WheelProvider | None = None,
+) -> GcResult:
+    """Remove all but the ``keep`` newest generations; the current one always stays. ``wheels``
+    drops the store root of each generation removed (its wheels become collectable)."""
     if keep < 0:
         raise UserError("--keep must be 0 or more")
     with state_lock(paths, wait=wait, what="gc"):
@@ -250,6 +259,8 @@ def gc(paths: Paths, *, keep: int = 3, dry_run: bool = False, wait: float = 0.0)
             if not dry_run:
                 gens.remove_tree(gen.path)
                 gen.snapshot_file.unlink(missing_ok=True)
+                if wheels is not None:
+                    wheels.release(gen)
                 log.info("removed generation %d (%s)", gen.number, gen.name)
         return result
 

@@ -7,14 +7,17 @@ not have it yet (which needs a CUDA toolkit: preflight asks :meth:`WheelProvider
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from envbuild.apply.generations import Generation
 from envbuild.apply.inputs import ApplyInput
-from envbuild.apply.venv import StoreWheel
+from envbuild.apply.venv import WHEELS, StoreWheel
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fsio import sha256_file
 from envbuild.spec.load import LoadedSpec
@@ -44,6 +47,34 @@ class WheelProvider(ABC):
     @abstractmethod
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
         """A wheel for every name :func:`wanted` gives, building what is missing."""
+
+    def keep(self, generation: Generation) -> None:
+        """Keep what ``generation``'s ``wheels/`` links point to alive (a store root)."""
+        return None
+
+    def release(self, generation: Generation) -> None:
+        """``generation`` was removed: let go of what only it kept alive."""
+        return None
+
+
+def root_name(generation: Generation) -> str:
+    """The store root of a generation: its folder's name, made unique per state dir (two
+    ``--root``s on one machine may hold generations of the same content)."""
+    where = hashlib.sha256(str(generation.path.parent.resolve()).encode()).hexdigest()[:12]
+    return f"apply-{where}-{generation.name}"
+
+
+def linked_blobs(generation: Generation) -> list[str]:
+    """The store blobs (``sha256:<hex>``) the generation's ``wheels/`` links point to."""
+    folder = generation.path / WHEELS
+    if not folder.is_dir():
+        return []
+    out = []
+    for link in sorted(folder.iterdir()):
+        target = Path(os.readlink(link)) if link.is_symlink() else None
+        if target is not None and target.parent.name == "sha256" and len(target.name) == 64:
+            out.append(f"sha256:{target.name}")
+    return out
 
 
 class IndexOnly(WheelProvider):
@@ -183,6 +214,33 @@ class StoreWheels(WheelProvider):
                 log.info("%s: patched as %s (%s)", dist, p.patched_version, p.wheel)
                 out[dist] = self._wheel(dist, p.patched_version, p.wheel, result.wheel_digest)
         return out
+
+    def keep(self, generation: Generation) -> None:
+        """A store root naming the generation's wheels and the source-build and patch
+        derivations that made them, so ``envbuild gc`` neither breaks its ``wheels/`` links nor
+        makes the next apply of the spec compile again."""
+        blobs = linked_blobs(generation)
+        if not blobs:
+            return
+        from envbuild.patches import KIND as PATCH_KIND
+        from envbuild.sourcebuild import KIND as BUILD_KIND
+
+        store, linked = self.store, set(blobs)
+        keys = [
+            key
+            for key in store.derivations()
+            if (drv := store.lookup(key)) is not None
+            and drv.kind in (BUILD_KIND, PATCH_KIND)
+            and drv.outputs.get("wheel") in linked
+        ]
+        store.set_root(root_name(generation), blobs=blobs, derivations=keys)
+        log.debug("store root %s keeps %d wheel(s)", root_name(generation), len(blobs))
+
+    def release(self, generation: Generation) -> None:
+        name = root_name(generation)
+        if (self.store.roots_dir / f"{name}.json").exists():
+            self.store.remove_root(name)
+            log.debug("store root %s removed with its generation", name)
 
     def _wheel(self, dist: str, version: str, filename: str, digest: str) -> StoreWheel:
         path: Path = self.store.blob_path(digest)

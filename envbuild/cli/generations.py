@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if recovered is not None and not args.json:
         show_recovery(recovered)
     if args.gc:
-        result = gc(paths, keep=args.keep, dry_run=args.dry_run, wait=args.wait)
+        result = gc(paths, keep=args.keep, dry_run=args.dry_run, wait=args.wait, wheels=host.wheels)
         if args.json:
             render.emit_json(
                 {**result.as_dict(), "recovered": recovered.as_dict() if recovered else None}

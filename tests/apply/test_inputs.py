@@ -68,7 +68,20 @@ def test_apply_a_snapshot_recreates_what_it_recorded(
 
 
 def test_a_snapshot_that_names_no_lock_is_refused(cli, machine: Machine, tmp_path: Path) -> None:
-    snap = tmp_path / "bare.json"
+    """A machine snapshot taken without --spec records no spec and lock: nothing to recreate."""
+    snap = tmp_path / "machine.json"
+    r = cli("snapshot", "--no-models", "--no-docker", "--no-systemd", "-o", snap)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(snap.read_text())["spec"] is None
+    r = cli("apply", snap, "--root", machine.root)
+    assert r.exit_code == 2
+    assert "names no spec and lock, so there is nothing to recreate" in r.stderr
+    assert "envbuild snapshot --spec SPEC" in r.stderr
+    assert gens.list_generations(machine.paths) == []
+
+
+def test_a_snapshot_from_a_newer_envbuild_is_refused(cli, machine: Machine, tmp_path: Path) -> None:
+    snap = tmp_path / "newer.json"
     snap.write_text(json.dumps({"kind": "envbuild.snapshot", "schema_version": 99}))
     r = cli("apply", snap, "--root", machine.root)
     assert r.exit_code == 2 and "newer" in r.stderr

@@ -6,11 +6,12 @@ same build: a new generation from the stored wheel)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from apply.conftest import Experiment, Index, Machine
+from apply.conftest import Experiment, Index, Machine, hand_edit
 
 from envbuild.apply import generations as gens
 from envbuild.lock import lock_spec
@@ -93,3 +94,85 @@ def test_a_source_built_extension_in_the_generation_and_reused(
     assert store_state(store) == built  # nothing compiled, nothing added
     new = gens.current(machine.paths)
     assert new is not None and new.number == 2 and greeting(new) == "compiled for apply"
+
+
+def test_store_gc_keeps_what_a_generation_links_until_the_generation_goes(
+    cli, experiment: Experiment, machine: Machine, source_index: Index, tmp_path: Path
+) -> None:
+    """A generation's ``wheels/`` links point into the store: ``envbuild gc`` must not break
+    them (nor drop the derivation, or the next apply would compile again) while a generation
+    uses them, and frees them once ``generations --gc`` has removed every generation that did."""
+    store = Store(tmp_path / "store")
+    spec = with_build(experiment("tiny-a", index=source_index.url, lock=False))
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    first = gens.current(machine.paths)
+    assert first is not None
+    (link,) = (first.path / "wheels").iterdir()
+    built = store_state(store)
+
+    r = cli("gc", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["removed_blobs"] == [] and r.json()["removed_derivations"] == []
+    assert store_state(store) == built and link.resolve().is_file()
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+    # the next experiment needs no build; once generations --gc has removed the first, the
+    # store may free its wheel and the derivation that built it
+    other = experiment("tiny-c", index=source_index.url)
+    assert cli("apply", other, "--root", machine.root, "--yes").exit_code == 0
+    assert cli("gc", "--json").json()["removed_blobs"] == []  # generation 1 still holds it
+    r = cli("generations", "--root", machine.root, "--gc", "--keep", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["removed"] == [first.name]
+    (key,) = built[0]
+    drv = store.lookup(key)
+    assert drv is not None
+    r = cli("gc", "--json")
+    assert r.json()["removed_derivations"] == [key]
+    assert drv.outputs["wheel"] in r.json()["removed_blobs"]
+    assert not list(store.roots_dir.glob("apply-*.json"))  # the second keeps no store wheel
+
+
+def test_a_snapshot_of_a_source_built_generation_is_applied_again(
+    cli,
+    experiment: Experiment,
+    machine: Machine,
+    source_index: Index,
+    repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`apply SNAPSHOT` of an experiment with a source build: its generation is switched back
+    to without the spec file; once that generation was edited by hand, it is rebuilt from the
+    repository's spec (the same spec hash) with the stored wheel, compiling nothing."""
+    store = Store(tmp_path / "store")
+    spec = with_build(experiment("tiny-a", index=source_index.url, lock=False))
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    first = gens.current(machine.paths)
+    assert first is not None
+    kept = tmp_path / "tiny-a.snapshot.json"
+    shutil.copy(first.snapshot_file, kept)
+    built = store_state(store)
+    assert cli("apply", experiment("tiny-c", index=source_index.url), "--root", machine.root,
+               "--yes").exit_code == 0  # fmt: skip
+
+    elsewhere = tmp_path / "elsewhere"  # not the repository: the generation's copies decide
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = cli("apply", kept, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["generation"] == 1 and r.json()["reused"]
+    assert "builds" not in {c["name"] for c in r.json()["preflight"]["checks"]}
+    assert gens.current(machine.paths).number == 1  # type: ignore[union-attr]
+
+    site = next((first.venv / "lib").glob("python3.*/site-packages"))
+    hand_edit(site / "fixture_cext" / "__init__.py", "\n# debug line left behind\n")
+    monkeypatch.chdir(repo)
+    r = cli("apply", kept, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    out = r.json()
+    assert not out["reused"] and out["generation"] == 3
+    assert [c["number"] for c in out["rejected"]] == [1]
+    fresh = gens.current(machine.paths)
+    assert fresh is not None and fresh.number == 3 and greeting(fresh) == "compiled for apply"
+    assert store_state(store) == built  # the stored wheel, nothing compiled

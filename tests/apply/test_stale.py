@@ -4,23 +4,14 @@ generation but builds a fresh one; rollback refuses to go back to it."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
-from apply.conftest import Experiment, Machine
+from apply.conftest import Experiment, Machine, hand_edit
 
 from envbuild.apply import generations as gens
 
 pytestmark = pytest.mark.slow
-
-
-def hand_edit(path: Path, text: str) -> None:
-    """What a person does to a read-only file: make it writable, change it."""
-    os.chmod(path.parent, os.stat(path.parent).st_mode | stat.S_IWUSR)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IWUSR)
-    path.write_text(path.read_text() + text)
 
 
 def site_packages(gen: gens.Generation) -> Path:
