@@ -270,3 +270,27 @@ def test_cuda_toolkit_wheels_compile_and_link_cudart(tmp_path: Path) -> None:
         ["readelf", "-d", str(so)], capture_output=True, text=True, check=True
     ).stdout
     assert "libcudart.so.13" in needed
+
+
+def test_every_lock_is_checked_on_every_event_and_the_check_passes() -> None:
+    """The locks job has no `if` (it runs for pushes and pull requests too), covers every spec,
+    and its command succeeds on this checkout (the committed locks are current)."""
+    import shlex
+    import subprocess
+    import sys
+
+    job = load()["jobs"]["locks"]
+    assert "if" not in job
+    (command,) = [s["run"] for s in steps(job) if "lock --check" in s.get("run", "")]
+    assert command == "envbuild lock --check specs/*.toml"
+    specs = sorted(str(p.relative_to(REPO)) for p in (REPO / "specs").glob("*.toml"))
+    argv = [sys.executable, "-m", "envbuild", *shlex.split(command)[1:-1], *specs]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(": current") == len(specs)
+
+
+def test_only_pull_request_runs_are_cancelled_by_newer_ones() -> None:
+    concurrency = load()["concurrency"]
+    assert "github.event_name" in concurrency["group"]  # a push never shares a weekly run's group
+    assert concurrency["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
