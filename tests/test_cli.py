@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from envbuild.errors import ExitCode
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_help_lists_commands_and_exit_codes(cli):
@@ -29,3 +32,53 @@ def test_python_dash_m_runs():
     )
     assert done.returncode == 0
     assert done.stdout.startswith("envbuild ")
+
+
+def test_a_failure_under_json_is_a_json_document_on_stdout(cli, tmp_path):
+    """A script that reads stdout learns what went wrong; people still read stderr."""
+    missing = tmp_path / "nope.toml"
+    for argv in (
+        ("apply", missing, "--json", "--root", tmp_path / "root"),
+        ("show", missing, "--json"),
+        ("diff", tmp_path / "a.json", tmp_path / "b.json", "--json"),
+    ):
+        result = cli(*argv)
+        assert result.exit_code == ExitCode.USER_ERROR, argv
+        error = result.json()["error"]
+        assert error["kind"] in {"InputFileError", "ManifestError"} and error["exit_code"] == 2
+        assert error["message"].endswith("no such file")
+        assert "no such file" in result.stderr
+    result = cli("show", missing)  # without --json, nothing on stdout
+    assert result.exit_code == ExitCode.USER_ERROR and result.stdout == ""
+
+
+def test_a_spec_error_under_json_carries_every_problem(cli, repo):
+    spec = repo / "specs" / "bad.toml"
+    spec.write_text('name = "bad"\n[python]\nversion = 3.11\nbogus = 1\n')
+    result = cli("show", spec, "--json")
+    assert result.exit_code == ExitCode.USER_ERROR
+    error = result.json()["error"]
+    assert error["kind"] == "SpecError"
+    lines = {p["key"]: p["line"] for p in error["problems"]}
+    assert lines["python.version"] == 3 and lines["python.bogus"] == 4, error["problems"]
+    assert all(p["severity"] == "error" and p["file"] == "specs/bad.toml" for p in error["problems"])
+
+
+def test_validate_reports_a_missing_spec_and_goes_on_to_the_next(cli, repo):
+    good = repo / "specs" / "good.toml"
+    good.write_text((REPO / "specs" / "quickstart.toml").read_text())
+    empty = repo / "specs" / "empty.toml"
+    empty.write_text("")
+    missing = repo / "specs" / "missing.toml"
+    result = cli("validate", empty, missing, repo / "specs", good)
+    assert result.exit_code == ExitCode.USER_ERROR
+    lines = result.stdout.splitlines()
+    assert "specs/missing.toml: error: no such file (fix: check the path)" in lines
+    assert "specs: error: is a directory, not a spec file" in lines
+    assert lines[-1] == f"{good}: ok"
+    result = cli("validate", "--json", empty, missing, good)
+    assert result.exit_code == ExitCode.USER_ERROR
+    oks = [(r["spec"], r["ok"]) for r in result.json()["results"]]
+    assert oks == [(str(empty), False), (str(missing), False), (str(good), True)]
+    (problem,) = result.json()["results"][1]["problems"]
+    assert problem["file"] == "specs/missing.toml" and problem["message"] == "no such file"

@@ -79,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return ExitCode.USER_ERROR
     handler = render.setup_logging(args.verbose, args.quiet)
+    as_json = bool(getattr(args, "json", False))
+    render.reset_json()
     try:
         return int(args.func(args))
     except EnvbuildError as exc:
@@ -88,9 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             render.error_lines(exc.lines())
         if args.verbose:
             traceback.print_exc(file=sys.stderr)
+        if as_json:
+            render.emit_json_error(exc, exc.exit_code)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         render.error_lines(["interrupted"])
+        if as_json:
+            render.emit_json_error(exc, ExitCode.INTERRUPTED)
         return ExitCode.INTERRUPTED
     except Exception as exc:
         if args.verbose:
@@ -101,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "hint: rerun with -v to see the traceback, and report it",
             ]
         )
+        if as_json:
+            render.emit_json_error(exc, ExitCode.INTERNAL)
         return ExitCode.INTERNAL
     finally:
         logging.getLogger("envbuild").removeHandler(handler)

@@ -14,8 +14,40 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 
+#: Whether this command has put its JSON on stdout (then an error adds no second document).
+_emitted = False
+
+
 def emit_json(obj: Any) -> None:
+    global _emitted
+    _emitted = True
     sys.stdout.write(canonical_json(obj))
+
+
+def reset_json() -> None:
+    global _emitted
+    _emitted = False
+
+
+def emit_json_error(exc: BaseException, exit_code: int) -> None:
+    """Under ``--json``, a failure is a JSON document on stdout too (a script reading stdout
+    learns what went wrong, not only that something did), unless the command already wrote
+    its own. The text on stderr stays as it is."""
+    if _emitted:
+        return
+    if isinstance(exc, KeyboardInterrupt):
+        message = "interrupted"
+    else:
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    error: dict[str, Any] = {
+        "kind": type(exc).__name__,
+        "message": message,
+        "hint": getattr(exc, "hint", None),
+        "exit_code": exit_code,
+    }
+    if problems := getattr(exc, "problems", None):
+        error["problems"] = [p.as_dict() for p in problems]
+    emit_json({"error": error})
 
 
 def echo(text: str = "") -> None:

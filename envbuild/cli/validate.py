@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from envbuild.cli import render
-from envbuild.errors import ExitCode, Problem, SpecError
+from envbuild.errors import ExitCode, InputFileError, Problem, SpecError, UserError
 from envbuild.spec.validate import validate
 
 
@@ -36,6 +36,12 @@ def run(args: argparse.Namespace) -> int:
             problems, ok, name = exc.problems, False, None
             if not args.json and len(args.specs) == 1:
                 raise
+        except UserError as exc:  # missing, unreadable, not a file: this spec, not the others
+            if not args.json and len(args.specs) == 1:
+                raise
+            where = exc.path if isinstance(exc, InputFileError) else path
+            message = exc.message.removeprefix(f"{where}: ")
+            problems, ok, name = [Problem(where, None, "", message, exc.hint)], False, None
         failed |= not ok
         results.append(
             {"spec": path, "name": name, "ok": ok, "problems": [p.as_dict() for p in problems]}
