@@ -15,25 +15,23 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 #: Whether this command has put its JSON on stdout (then an error adds no second document).
-_emitted = False
+_state = {"emitted": False}
 
 
 def emit_json(obj: Any) -> None:
-    global _emitted
-    _emitted = True
+    _state["emitted"] = True
     sys.stdout.write(canonical_json(obj))
 
 
 def reset_json() -> None:
-    global _emitted
-    _emitted = False
+    _state["emitted"] = False
 
 
 def emit_json_error(exc: BaseException, exit_code: int) -> None:
     """Under ``--json``, a failure is a JSON document on stdout too (a script reading stdout
     learns what went wrong, not only that something did), unless the command already wrote
     its own. The text on stderr stays as it is."""
-    if _emitted:
+    if _state["emitted"]:
         return
     if isinstance(exc, KeyboardInterrupt):
         message = "interrupted"
