@@ -131,7 +131,8 @@ class StoreWheels(WheelProvider):
             except EnvironmentFailure:
                 out[req.dist] = req.needs_cuda  # no compiler: it cannot be in the store
                 continue
-            if self.store.lookup(derivation_key(KIND, inputs_of(req, toolchain, builder))) is None:
+            # in this store, or in the remote cache in front of it (nothing to compile then)
+            if not self.store.available(derivation_key(KIND, inputs_of(req, toolchain, builder))):
                 out[req.dist] = req.needs_cuda
         return out
 

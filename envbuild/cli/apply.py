@@ -15,7 +15,11 @@ from envbuild.apply.manage import recover_pending
 from envbuild.apply.paths import HF_HOME
 from envbuild.apply.preflight import PreflightReport, Status
 from envbuild.apply.switch import Recovery
+from envbuild.apply.wheels import StoreWheels
+from envbuild.cache import CachedStore, CacheStats
 from envbuild.cli import render
+from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 
 
@@ -69,6 +73,8 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="how long to wait for vLLM's /health (default: 1800)",
     )
+    add_cache_args(p)  # source builds and patched wheels: pulled if built elsewhere, else pushed
+    add_registry_args(p)
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -85,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
     if args.source is None:
         raise UsageError("give the SPEC or SNAPSHOT to apply (or --recover)")
     host = hostmod.real_host(Path(args.root), args.hf_home)
+    if args.cache and isinstance(host.wheels, StoreWheels):
+        from envbuild.registry import get_transport
+
+        cached = store_with_cache(
+            host.wheels.store, args, endpoint_from_args(args), get_transport(args.transport)
+        )
+        host.wheels = StoreWheels(cached)
     inp = load_input(Path(args.source), host.paths)
     options = Options(
         agreed=args.yes,
@@ -100,11 +113,24 @@ def run(args: argparse.Namespace) -> int:
         outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
     finally:
         signal.signal(signal.SIGTERM, old)
+    stats = _cache_stats(host)
     if args.json:
-        render.emit_json(outcome.as_dict())
+        render.emit_json({**outcome.as_dict(), "cache": stats.as_dict() if stats else None})
     else:
         _show_result(outcome, args.dry_run)
+        if stats is not None:
+            render.echo(
+                f"cache {args.cache}: {len(stats.hits)} build(s) pulled, "
+                f"{len(stats.published)} published"
+            )
     return outcome.exit_code
+
+
+def _cache_stats(host: hostmod.Host) -> CacheStats | None:
+    wheels = host.wheels
+    if isinstance(wheels, StoreWheels) and isinstance(wheels.store, CachedStore):
+        return wheels.store.remote.stats
+    return None
 
 
 def _recover(args: argparse.Namespace) -> int:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 from apply.conftest import Experiment, Index, Machine, hand_edit
+from support.registry import Registry
 
 from envbuild.apply import generations as gens
+from envbuild.apply.paths import Paths
 from envbuild.lock import lock_spec
 from envbuild.spec import load_spec
 from envbuild.store import Store
@@ -176,3 +178,39 @@ def test_a_snapshot_of_a_source_built_generation_is_applied_again(
     fresh = gens.current(machine.paths)
     assert fresh is not None and fresh.number == 3 and greeting(fresh) == "compiled for apply"
     assert store_state(store) == built  # the stored wheel, nothing compiled
+
+
+@pytest.mark.registry
+def test_two_machines_sharing_a_cache_compile_once(
+    cli,
+    experiment: Experiment,
+    machine: Machine,
+    source_index: Index,
+    registry: Registry,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`apply --cache`: machine A compiles the source build and publishes it; machine B (its own
+    root and store) pulls it and compiles nothing, and its preflight asks for no compiler."""
+    spec = with_build(experiment("tiny-a", index=source_index.url, lock=False))
+    cache = registry.ref("cache/apply")
+    r = cli("apply", spec, "--root", machine.root, "--cache", cache, "--insecure", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "building with MAX_JOBS" in r.stderr
+    (published,) = r.json()["cache"]["published"]
+    assert r.json()["cache"]["hits"] == []
+
+    monkeypatch.setenv("ENVBUILD_STORE", str(tmp_path / "store-b"))
+    other = tmp_path / "root-b"
+    other.mkdir()
+    r = cli("apply", spec, "--root", other, "--cache", cache, "--insecure", "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "builds" not in {c["name"] for c in r.json()["preflight"]["checks"]}
+    r = cli("apply", spec, "--root", other, "--cache", cache, "--insecure")
+    assert r.exit_code == 0, r.stderr
+    assert "building with MAX_JOBS" not in r.stderr
+    assert f"cache {cache}: 1 build(s) pulled, 0 published" in r.stdout
+    b = Store(tmp_path / "store-b")
+    assert b.lookup(published) is not None
+    gen = gens.current(Paths(other))
+    assert gen is not None and greeting(gen) == "compiled for apply"
