@@ -23,6 +23,32 @@ from envbuild.store import Store, default_store
 DEFAULT_SPEC = "specs/quickstart.toml"
 
 
+def add_builder_args(p: argparse.ArgumentParser) -> None:
+    """``--no-docker-archive``, ``--builder`` and ``--builder-network`` (build and ci)."""
+    p.add_argument(
+        "--no-docker-archive",
+        dest="docker_archive",
+        action="store_false",
+        help="skip docker-archive.tar (with zstd layers it holds them uncompressed for Docker "
+        "< 23: gigabytes rewritten whenever the image changes)",
+    )
+    p.add_argument(
+        "--builder",
+        choices=["host", "container"],
+        default="host",
+        help="where source builds ([builds]) run: in a build venv on this machine (default), or "
+        "in a container made from the image's own lower layers on the Docker engine at "
+        "$DOCKER_HOST",
+    )
+    p.add_argument(
+        "--builder-network",
+        metavar="NAME",
+        default="host",
+        help="the network of a builder container (default: %(default)s; it gets this machine's "
+        "proxy variables and $SSL_CERT_FILE, for the build only)",
+    )
+
+
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "build",
@@ -50,28 +76,7 @@ def register(sub: Any) -> None:
         help="layer compression (default: %(default)s; gzip for umoci 0.4 and Docker < 23 "
         "registries); part of every layer's key",
     )
-    p.add_argument(
-        "--no-docker-archive",
-        dest="docker_archive",
-        action="store_false",
-        help="skip docker-archive.tar (with zstd layers it holds them uncompressed for Docker "
-        "< 23: gigabytes rewritten whenever the image changes)",
-    )
-    p.add_argument(
-        "--builder",
-        choices=["host", "container"],
-        default="host",
-        help="where source builds ([builds]) run: in a build venv on this machine (default), or "
-        "in a container made from the image's own lower layers on the Docker engine at "
-        "$DOCKER_HOST",
-    )
-    p.add_argument(
-        "--builder-network",
-        metavar="NAME",
-        default="host",
-        help="the network of a builder container (default: %(default)s; it gets this machine's "
-        "proxy variables and $SSL_CERT_FILE, for the build only)",
-    )
+    add_builder_args(p)
     add_cache_args(p)
     add_registry_args(p)
     render.add_json_flag(p)

@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild.ci import discover_specs, human_size, run_ci, summary_markdown
+from envbuild.ci import BuildOutput, discover_specs, human_size, run_ci, summary_markdown
 from envbuild.cli import render
+from envbuild.cli.build import add_builder_args
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
 from envbuild.registry import get_transport, parse_repo
-from envbuild.spec.load import find_root
+from envbuild.spec.load import LoadedSpec, find_root
 from envbuild.store import Store, default_store
 
 
@@ -30,6 +31,7 @@ def register(sub: Any) -> None:
     add_cache_args(p)
     p.add_argument("--summary", metavar="FILE", type=Path, help="write the markdown summary here")
     p.add_argument("--store", metavar="DIR", type=Path, help="the store (default: $ENVBUILD_STORE)")
+    add_builder_args(p)
     add_registry_args(p)
     render.add_json_flag(p)
     p.set_defaults(func=run)
@@ -42,7 +44,16 @@ def run(args: argparse.Namespace) -> int:
     store = Store(args.store) if args.store else default_store()
     store = store_with_cache(store, args, endpoint)
     transport = get_transport(args.transport) if (push or args.cache) else None
-    report = run_ci(specs, store=store, push=push, endpoint=endpoint, transport=transport)
+    from envbuild.build import BuilderOptions, build
+
+    builder = BuilderOptions(mode=args.builder, network=args.builder_network)
+
+    def build_one(loaded: LoadedSpec, store: Store) -> BuildOutput:
+        return build(loaded, store=store, builder=builder, docker_archive=args.docker_archive)
+
+    report = run_ci(
+        specs, store=store, push=push, endpoint=endpoint, transport=transport, build_fn=build_one
+    )
     if args.summary:
         write_atomic(args.summary, summary_markdown(report))
     if args.json:

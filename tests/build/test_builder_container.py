@@ -58,6 +58,7 @@ def project(repo: Path, base: Path | None, index: str, greeting: str = "from a c
         base=base,
         builds=[("fixture-cext", "1.0.0", sdist)],
         index=index,
+        current=True,  # envbuild ci checks it
     )
 
 
@@ -176,6 +177,16 @@ def test_a_source_build_runs_in_a_builder_container(
     assert again.exit_code == 0, again.stderr
     assert "(0 rebuilt)" in again.stderr and "reused" in again.stderr
     assert again.stdout.strip() == manifest["image"]
+
+    # envbuild ci takes the same options: the container-built wheel is found by its key (the
+    # host builder's key differs, and would compile again for another image)
+    ci = cli("ci", "--store", store.root, "--builder", "container", "--no-docker-archive",
+             "--json", spec)  # fmt: skip
+    assert ci.exit_code == 0, ci.stderr
+    (outcome,) = ci.json()["specs"]
+    assert outcome["image"] == manifest["image"] and outcome["layers_new"] == 0
+    assert (repo / "images" / "boxed" / "build-manifest.json").is_file()
+    assert not (repo / "images" / "boxed" / "docker-archive.tar").exists()
 
 
 def _base_layers(store: Store, manifest: dict[str, Any]) -> list[Layer]:

@@ -68,11 +68,13 @@ def write_project(
     base: Path | None = None,
     builds: Sequence[tuple[str, str, Path]] = (),
     index: str = PYPI,
+    current: bool = False,
 ) -> Path:
     """A spec with a rootfs base (``base``, default a tiny one) and its lock naming ``wheels``
     (``lie``: a wrong sha256 for that one), the sdists of ``builds`` (``(name, version, sdist)``,
     flags from the spec's ``[builds.<name>.env]`` in ``extra``), the spec's patches and
-    ``index`` as the default index."""
+    ``index`` as the default index. ``current``: the spec also asks for the wheels and names the
+    index, so that `envbuild lock --check` (and `envbuild ci`) find the lock current."""
     if base is None:
         base = repo / "rootfs.tar"
         if not base.exists():
@@ -92,8 +94,12 @@ def write_project(
         f'sha256 = "{sha256_file(base)}"\n'
         '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
         '[image]\ncmd = ["python3"]\n'
-        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n" + extra
-    )
+        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n"
+        + (f'index_url = "{index}"\n' if current else "")
+        + extra
+        + ("[packages]\n" + "".join(f'{w.canonical} = "=={w.version}"\n' for w in wheels)
+           if current else "")
+    )  # fmt: skip
     loaded = load_spec(spec)
     packages = [
         LockedPackage(
@@ -110,6 +116,12 @@ def write_project(
         )
         for w in sorted(wheels)
     ]
+    if current:  # a real lock also names each source build's sdist as a package
+        packages += [
+            LockedPackage(name=dist, version=version, sdist=sdist_file(sdist), wheels=[])
+            for dist, version, sdist in builds
+        ]
+        packages.sort(key=lambda p: p.name)
     locked_builds = [
         LockedBuild(
             name=dist,
@@ -130,7 +142,10 @@ def write_project(
                 platform="manylinux_2_36_x86_64",
                 exclude_newer=datetime(2025, 1, 1, tzinfo=UTC),
                 indexes=[Index(name="default", url=index)],
-                requirements=sorted(f"{w.canonical}=={w.version}" for w in wheels),
+                requirements=sorted(
+                    [f"{w.canonical}=={w.version}" for w in wheels]
+                    + [f"{dist}=={version}" for dist, version, _ in builds if current]
+                ),
                 builds=locked_builds,
                 patches=patch_records(loaded),
                 base=RootfsBaseLock(kind="rootfs", path=lock_path_, sha256=sha256_file(base)),
