@@ -20,7 +20,7 @@ from envbuild.apply import unit as units
 from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
 from envbuild.apply.host import Host
 from envbuild.apply.inputs import ApplyInput
-from envbuild.apply.integrity import check_generation
+from envbuild.apply.integrity import check_generation, installed_unit_problems
 from envbuild.apply.modelcache import ModelResult
 from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
@@ -31,6 +31,7 @@ from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
 from envbuild.errors import EnvbuildError, EnvironmentFailure
+from envbuild.spec.model import Spec
 
 log = logging.getLogger("envbuild.apply")
 
@@ -127,14 +128,16 @@ def apply(
         # patched wheels.) If it is the current one and its unit runs, nothing will stop.
         found = _reusable(host, inp)
         keep: frozenset[str] = frozenset()
+        drift: list[str] = []
         if (
             found is not None
             and found.generation is not None
             and current is not None
             and found.generation.number == current.number
-            and unit in running
         ):
-            keep = frozenset({unit})
+            drift = _service_drift(paths, current, spec)
+            if unit in running and not drift:
+                keep = frozenset({unit})
         # a generation to reuse needs nothing built (nor the spec file that builds would need)
         reuse = found is not None and found.generation is not None
         store_missing = {} if reuse else host.wheels.missing(inp)
@@ -172,16 +175,22 @@ def apply(
         if spec.model is not None:
             outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
         target = realised.generation
+        if current is not None and current.number == target.number and not drift:
+            drift = _service_drift(paths, current, spec)  # a rebuilt generation: check anew
         if (
             current is not None
             and current.number == target.number
             and (unit is None or unit in running)
+            and not drift
         ):
             outcome.up_to_date = True
             log.info(
                 "generation %d is already current and running: nothing to switch", target.number
             )
         else:
+            for problem in drift:
+                log.warning("generation %d is current, but %s: switching again", target.number,
+                            problem)  # fmt: skip
             stop = set(report.stop_units)
             if current is not None and current.meta.unit in running:
                 if current.meta.unit not in stop and not options.agreed:
@@ -206,6 +215,27 @@ def apply(
                 "the snapshot beside generation %d was not written: %s", target.number, exc.message
             )
         return outcome
+
+
+def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[str]:
+    """What keeps the current generation's service from being as apply leaves it: its unit
+    file edited or gone, or the secrets file not what the caller's environment gives now (a
+    rotated token). Empty when the service is as its generation says."""
+    problems = installed_unit_problems(paths, current)
+    if current.meta.unit is None or not units.secret_names(spec):
+        return problems
+    try:
+        want = units.render_env_file(spec, os.environ)
+    except EnvbuildError:
+        return problems  # secrets missing: preflight says so
+    env_file = paths.env_file(spec.name)
+    try:
+        have = env_file.read_text(encoding="utf-8")
+    except OSError:
+        have = None
+    if have != want:
+        problems.append(f"secrets: {env_file} does not hold the environment's values")
+    return problems
 
 
 def _pending(paths: Paths) -> str | None:

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.apply.generations import Generation
+from envbuild.apply.paths import Paths
 from envbuild.errors import EnvbuildError
-from envbuild.fsio import sha256_file
+from envbuild.fsio import sha256_bytes, sha256_file
 from envbuild.snapshot import pyenv
 
 log = logging.getLogger("envbuild.apply.integrity")
@@ -81,3 +82,27 @@ def check_generation(gen: Generation, mode: pyenv.Mode = "full") -> GenerationCh
     if problems:
         log.warning("generation %d was changed after it was built: %s", gen.number, problems[0])
     return GenerationCheck(gen.number, gen.name, problems)
+
+
+def installed_unit_problems(paths: Paths, gen: Generation) -> list[str]:
+    """The current generation's unit as systemd has it must be the generation's own copy: a unit
+    edited (or removed) after apply would otherwise run other settings than the spec says."""
+    source = gen.unit_file()
+    if source is None or gen.meta.unit is None:
+        return []
+    installed = paths.unit_file(gen.meta.unit)
+    try:
+        have = installed.read_bytes()
+    except FileNotFoundError:
+        return [f"unit: {installed} is missing"]
+    except OSError as exc:
+        return [f"unit: {installed}: {exc.strerror or exc}"]
+    want = gen.meta.files.get(gen.meta.unit)  # as built (check_generation checks the copy)
+    if want is None:
+        try:
+            want = sha256_bytes(source.read_bytes())
+        except OSError:
+            return []
+    if sha256_bytes(have) != want:
+        return [f"unit: {installed} was modified (it is not generation {gen.number}'s unit)"]
+    return []

@@ -11,7 +11,7 @@ from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
 from envbuild.apply.host import Host
-from envbuild.apply.integrity import GenerationCheck, check_generation
+from envbuild.apply.integrity import GenerationCheck, check_generation, installed_unit_problems
 from envbuild.apply.paths import Paths
 from envbuild.apply.services import ServiceManager
 from envbuild.apply.statelock import state_lock
@@ -63,6 +63,12 @@ def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
     cur = gens.current(paths)
     out = []
     for gen in gens.list_generations(paths):
+        check = None
+        if verify:
+            check = check_generation(gen)
+            current = cur is not None and cur.number == gen.number
+            if current and (extra := installed_unit_problems(paths, gen)):  # what systemd runs
+                check = GenerationCheck(gen.number, gen.name, [*check.problems, *extra])
         out.append(
             GenerationInfo(
                 number=gen.number,
@@ -74,7 +80,7 @@ def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
                 origin=gen.meta.origin,
                 unit=gen.meta.unit,
                 current=cur is not None and cur.number == gen.number,
-                check=check_generation(gen) if verify else None,
+                check=check,
             )
         )
     return out

@@ -108,3 +108,47 @@ def test_a_wheel_published_with_a_wrong_record_is_not_mistaken_for_an_edit(
     hand_edit(site_packages(gen) / "oddrecord" / "_native.py", "BUILD = 3\n")
     r = cli("generations", "--root", machine.root, "--verify")
     assert r.exit_code == 1 and "oddrecord/_native.py was modified" in r.stdout
+
+
+def test_a_hand_edited_unit_or_a_rotated_secret_is_put_right(
+    cli, experiment: Experiment, machine: Machine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generation verifies, but what systemd runs is not it: the installed unit was edited
+    (someone added a flag by hand), or the secrets file holds an old token. verify names the
+    unit; apply reinstalls it from the generation (restarting the service needs --yes), and
+    writes the new token."""
+    spec = experiment("tiny-a")
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    gen = gens.current(machine.paths)
+    assert gen is not None and gen.meta.unit is not None
+    installed = machine.paths.unit_file(gen.meta.unit)
+    original = installed.read_text()
+    installed.write_text(
+        original.replace("--tensor-parallel-size", "--enforce-eager --tensor-parallel-size")
+    )
+
+    r = cli("generations", "--root", machine.root, "--verify")
+    assert r.exit_code == 1
+    assert f"unit: {installed} was modified (it is not generation 1's unit)" in r.stdout
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 3  # the running unit would restart: the user agrees first
+    assert "apply would stop the running unit(s) envbuild-tiny-a.service" in r.stdout
+    pids = machine.systemd.running_pids()
+    r = cli("apply", spec, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert not r.json()["up_to_date"] and r.json()["generation"] == 1
+    assert installed.read_text() == original
+    assert machine.systemd.running_pids() != pids  # restarted with the spec's settings
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+    env_file = machine.paths.env_file("tiny-a")
+    assert "hf_secret_token_" in env_file.read_text()
+    monkeypatch.setenv("HF_TOKEN", "hf_rotated")
+    r = cli("apply", spec, "--root", machine.root, "--yes", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert not r.json()["up_to_date"]
+    assert "hf_rotated" in env_file.read_text()
+    assert "hf_secret_token_" not in env_file.read_text()
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    r = cli("apply", spec, "--root", machine.root, "--json")  # now all is as it should be
+    assert r.exit_code == 0 and r.json()["up_to_date"]
