@@ -16,6 +16,7 @@ from typing import Any
 
 from envbuild.errors import ManifestError
 from envbuild.snapshot.model import KIND, PythonEnv, Snapshot, parse_snapshot, read_json
+from envbuild.snapshot.refs import check_build_manifest
 
 ABSENT = "∅"
 
@@ -395,6 +396,7 @@ def load_side(path: Path) -> tuple[Side, Snapshot | None]:
         return snapshot_facts(snap, str(path)), snap
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a JSON object")
+    check_build_manifest(data, str(path))
     return build_manifest_facts(data, str(path)), None
 
 

@@ -103,13 +103,18 @@ def summary(snap: Snapshot) -> list[str]:
         mod = sum(len(d.modified) for d in env.distributions)
         gone = sum(len(d.missing) for d in env.distributions)
         added = sum(len(d.unrecorded) for d in env.distributions) + len(env.unowned)
+        no_record = sum(d.record_sha256 is None for d in env.distributions)
         lines.append(
             f"python {env.requested}: {env.implementation} {env.version}, "
             f"{len(env.distributions)} distributions, {mod} modified, {gone} missing, "
-            f"{added} unrecorded, {len(env.overlaps)} overlapping paths ({env.integrity} check)"
+            f"{added} unrecorded, {len(env.overlaps)} overlapping paths"
+            + (f", {no_record} without RECORD" if no_record else "")
+            + f" ({env.integrity} check)"
         )
         for dist in env.distributions:
             who = f"({dist.name} {dist.version})"
+            if dist.record_sha256 is None:
+                lines.append(f"  no RECORD: {dist.dist_info} {who}: its files cannot be checked")
             lines.extend(f"  modified: {m.path} {who}" for m in dist.modified)
             lines.extend(f"  missing: {path} {who}" for path in dist.missing)
             lines.extend(f"  unrecorded: {path} {who}" for path in dist.unrecorded)

@@ -67,11 +67,13 @@ def take_snapshot(opts: Options) -> Snapshot:
     redactor = Redactor()
     spec = refs.spec_ref(opts.spec) if opts.spec else None
     image = refs.image_ref(opts.image) if opts.image else None
+    hf_path = opts.hf_cache or hfcache.default_cache()
+    if opts.models:  # before the long part: a bad path is an error of the input
+        hfcache.check_path(hf_path)
     envs = []
     for python in opts.pythons:
         log.info("checking %s (%s)", python, opts.integrity)
         envs.append(patchinfo.record_patches(pyenv.scan_env(python, opts.integrity)))
-    hf_path = opts.hf_cache or hfcache.default_cache()
     disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
     if opts.models:
         disks.append(("hf-cache", hf_path))

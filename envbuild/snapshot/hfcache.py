@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 
+from envbuild.errors import InputFileError
 from envbuild.snapshot.hashing import hash_files
 from envbuild.snapshot.model import BadBlob, HfCacheSection, ModelRepo, ModelRevision
 
@@ -24,6 +25,20 @@ def default_cache() -> str:
     except ImportError:
         home = os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface"))
         return os.environ.get("HF_HUB_CACHE", os.path.join(home, "hub"))
+
+
+_NOT_A_FOLDER_HINT = (
+    "pass the Hugging Face hub cache folder (like ~/.cache/huggingface/hub) with --hf-cache, "
+    "or --no-models to skip it"
+)
+
+
+def check_path(path: str) -> None:
+    """A cache path that exists must be a folder (one that does not is "no cache there")."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputFileError(
+            path, "is not a folder, so not a Hugging Face cache", hint=_NOT_A_FOLDER_HINT
+        )
 
 
 def _git_blob_sha1(path: Path) -> str:
@@ -66,8 +81,13 @@ def read_cache(cache_dir: str | None = None, *, check_blobs: bool = True) -> HfC
         return HfCacheSection(
             available=False, path=path, reason=f"huggingface_hub is not installed ({exc})"
         )
+    check_path(path)
     try:
         info = scan_cache_dir(path)
+    except ValueError as exc:  # "Scan cache expects a directory": it became a file meanwhile
+        raise InputFileError(
+            path, f"not a Hugging Face cache ({exc})", hint=_NOT_A_FOLDER_HINT
+        ) from exc
     except CacheNotFound:
         return HfCacheSection(available=False, path=path, reason="no Hugging Face cache there")
     except OSError as exc:

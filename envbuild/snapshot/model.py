@@ -312,20 +312,23 @@ def parse_snapshot(data: Any, source: str) -> Snapshot:
     try:
         return Snapshot.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(_validation_summary(source, exc), hint=_HAND_EDIT) from exc
+        raise ManifestError(validation_summary(source, exc), hint=_HAND_EDIT) from exc
 
 
 _HAND_EDIT = "take the snapshot again; snapshots are written by envbuild, not by hand"
 
 
-def _validation_summary(source: str, exc: ValidationError) -> str:
+def validation_summary(source: str, exc: ValidationError, what: str = "snapshot") -> str:
+    """One line naming the file and each bad key (the first five)."""
     errors = exc.errors()
     parts = []
     for err in errors[:5]:
-        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
-        parts.append(f"{loc}: {err['msg']}")
+        # a union's tag (``<map>``) is no key of the file; a model is an object in JSON
+        where = [str(p) for p in err["loc"] if not str(p).startswith("<")]
+        msg = "Input should be an object" if err["type"] == "model_type" else err["msg"]
+        parts.append(f"{'.'.join(where) or '(top)'}: {msg}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return f"{source}: invalid snapshot: " + "; ".join(parts) + more
+    return f"{source}: invalid {what}: " + "; ".join(parts) + more
 
 
 def read_json(path: Path) -> Any:

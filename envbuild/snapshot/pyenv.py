@@ -1,9 +1,9 @@
 """A Python environment as it really is: its interpreter, every distribution, and every file
 checked against the RECORD its installer wrote.
 
-The interpreter is asked only where its site-packages are (``python -I``, a few lines); the
-distributions and their files are read here, so any Python (3.8 up) can be inspected without
-envbuild installed in it.
+The interpreter is asked only where its site-packages are (``python -I -S``, a few lines: no
+``site``, so nothing of the inspected environment runs); the distributions and their files are
+read here, so any Python (3.8 up) can be inspected without envbuild installed in it.
 
 Integrity, per distribution: *modified* (sha256 or size differs from RECORD), *missing*,
 *unrecorded* (a file inside a folder the distribution owns that no RECORD lists). Paths listed by
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import binascii
 import csv
+import errno
 import hashlib
 import io
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,13 +43,28 @@ log = logging.getLogger("envbuild.snapshot.pyenv")
 
 Mode = Literal["full", "quick"]
 
-_PROBE = (
-    "import json, platform, sys, sysconfig\n"
-    "print(json.dumps({'version': platform.python_version(),"
-    " 'implementation': sys.implementation.name, 'executable': sys.executable,"
-    " 'prefix': sys.prefix,"
-    " 'site': sorted({sysconfig.get_path('purelib'), sysconfig.get_path('platlib')})}))\n"
-)
+#: Run with ``-I -S -B``: no ``site`` (so no ``.pth`` file of the inspected environment runs),
+#: no bytecode written. Without ``site`` a venv's ``sys.prefix`` is still the base install's
+#: (``site.venv`` is what moves it, CPython 3.8 to 3.13), so the venv is found here as ``site``
+#: finds it (``pyvenv.cfg`` beside the executable or one folder up) and its site-packages are
+#: computed for that prefix.
+_PROBE = """\
+import json, os, platform, sys, sysconfig
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+venv = os.path.dirname(exe_dir)
+if any(os.path.isfile(os.path.join(d, "pyvenv.cfg")) for d in (exe_dir, venv)):
+    names = sysconfig.get_scheme_names()
+    scheme = "venv" if "venv" in names else ("nt" if os.name == "nt" else "posix_prefix")
+    where = {"base": venv, "platbase": venv}
+    prefix = venv
+    site = [sysconfig.get_path(k, scheme, where) for k in ("purelib", "platlib")]
+else:
+    prefix = sys.prefix
+    site = [sysconfig.get_path(k) for k in ("purelib", "platlib")]
+print(json.dumps({"version": platform.python_version(),
+    "implementation": sys.implementation.name, "executable": sys.executable,
+    "prefix": prefix, "site": sorted(set(site))}))
+"""
 
 
 class UnreadableFiles(UserError):
@@ -75,7 +92,10 @@ def probe(python: str) -> Interpreter:
     hint = "pass the path of a Python interpreter (or of a virtual environment)"
     try:
         done = proc.run(
-            [path, "-I", "-c", _PROBE], tool=str(python), env=proc.child_env(), timeout=60
+            [path, "-I", "-S", "-B", "-c", _PROBE],
+            tool=str(python),
+            env=proc.child_env(),
+            timeout=60,
         )
     except (ToolFailed, EnvironmentFailure) as exc:
         raise InputFileError(python, f"is not a working Python ({exc.message})", hint=hint) from exc
@@ -117,6 +137,7 @@ class _Dist:
     modified: list[ModifiedFile] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)  # its metadata files
 
 
 def _skipped(rel: str) -> bool:
@@ -137,40 +158,79 @@ def _b64(digest: bytes) -> str:
     return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
 
 
-def _headers(path: str) -> dict[str, str]:
+def _headers(text: str) -> dict[str, str]:
     """The header fields of a METADATA file. Only the block before the first empty line is
     parsed: that is where the email parser stops for headers, and a long description after
     it made parsing cost more than reading the RECORDs."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        head = f.read().split("\n\n", 1)[0]
+    head = text.replace("\r\n", "\n").split("\n\n", 1)[0]
     return dict(HeaderParser().parsestr(head, headersonly=True).items())
+
+
+class _Unreadable(Exception):
+    """A metadata file that exists but cannot be read; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO never waits
+
+
+def _read_file(path: str) -> tuple[bytes, int] | None:
+    """The bytes and mtime of a file in a .dist-info folder; None when there is no such file.
+    One that exists but cannot be read (permissions, a FIFO, a dangling symlink) raises
+    :class:`_Unreadable`: the check would be incomplete without it."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            raise _Unreadable(exc.strerror or str(exc)) from exc
+        if os.path.islink(path):
+            raise _Unreadable("broken symbolic link") from exc
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _Unreadable("not a regular file")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise _Unreadable(exc.strerror or str(exc)) from exc
+    finally:
+        os.close(fd)
+    return b"".join(chunks), st.st_mtime_ns
 
 
 def _read_dist(site: str, dist_info: str) -> _Dist:
     folder = os.path.join(site, dist_info)
-    headers = {}
-    for meta in ("METADATA", "PKG-INFO"):
-        try:
-            headers = _headers(os.path.join(folder, meta))
-            break
-        except OSError:
-            continue
     stem = dist_info.removesuffix(".dist-info")
     name_guess, _, version_guess = stem.partition("-")
+    unreadable: list[tuple[str, str]] = []  # (path, why), named once the name is known
+
+    def read(name: str) -> tuple[bytes, int] | None:
+        path = os.path.join(folder, name)
+        try:
+            return _read_file(path)
+        except _Unreadable as exc:
+            unreadable.append((path, exc.reason))
+            return None
+
+    meta = read("METADATA")
+    if meta is None and not unreadable:
+        meta = read("PKG-INFO")
+    headers = _headers(meta[0].decode("utf-8", errors="replace")) if meta else {}
     name = canonicalize_name(headers.get("Name", name_guess))
     version = headers.get("Version", version_guess) or "unknown"
-    try:
-        installer: str | None = Path(folder, "INSTALLER").read_text(errors="replace").strip()
-    except OSError:
-        installer = None
-    record = os.path.join(folder, "RECORD")
+    found = read("INSTALLER")
+    installer = found[0].decode("utf-8", errors="replace").strip() if found else None
     dist = _Dist(name, version, installer or None, site, dist_info, None, 0)
-    try:
-        with open(record, "rb") as f:
-            raw = f.read()
-            dist.record_mtime_ns = os.fstat(f.fileno()).st_mtime_ns
-    except OSError:
+    found = read("RECORD")
+    dist.unreadable = [f"{path} ({name}): {why}" for path, why in unreadable]
+    if found is None:  # no RECORD (some installers write none), or one that cannot be read
         return dist
+    raw, dist.record_mtime_ns = found
     dist.record_sha256 = hashlib.sha256(raw).hexdigest()
     prefix = site + os.sep
     append = dist.entries.append
@@ -192,10 +252,18 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
     return dist
 
 
-def _find_dists(sites: Iterable[str]) -> list[_Dist]:
+def _find_dists(requested: str, sites: Iterable[str]) -> list[_Dist]:
     out = []
     for site in sites:
-        for name in sorted(os.listdir(site)):
+        try:
+            names = os.listdir(site)
+        except OSError as exc:
+            raise UnreadableFiles(
+                f"{requested}: cannot list its site-packages {site}: {exc.strerror or exc}",
+                hint="run as a user who can read the whole environment, or fix the folder's "
+                "permissions",
+            ) from exc
+        for name in sorted(names):
             if name.endswith(".dist-info") and os.path.isdir(os.path.join(site, name)):
                 out.append(_read_dist(site, name))
     return out
@@ -372,14 +440,16 @@ def scan_env(python: str, mode: Mode = "full") -> PythonEnv:
 
 def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     start = time.perf_counter()
-    dists = _find_dists(interp.site_packages)
+    dists = _find_dists(interp.requested, interp.site_packages)
     unowned: list[str] = []
     read = time.perf_counter()
     results = _check_files(
         dists, mode, meanwhile=lambda: unowned.extend(_unrecorded(dists, interp.site_packages))
     )
     checked_at = time.perf_counter()
-    overlaps, unreadable = _judge(dists, results)
+    overlaps, unreadable_files = _judge(dists, results)
+    # a metadata file RECORD lists is found by both looks: named once
+    unreadable = list(dict.fromkeys([u for d in dists for u in d.unreadable] + unreadable_files))
     if unreadable:
         shown = "; ".join(unreadable[:3]) + (
             f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""

@@ -117,21 +117,23 @@ def _as_plain_user(argv: list[str]) -> list[str]:
     return [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}", *argv]
 
 
-def test_a_file_the_user_cannot_read(venv: Path) -> None:
-    """A recorded file the snapshot cannot read stops it with exit 2 naming the file. chmod 000
-    means nothing to root, so the CLI runs in a subprocess without root's file-access powers."""
-    model = site_packages(venv) / "alpha" / "models" / "llama.py"
-    model.chmod(0o000)
+def _snapshot_as_plain_user(
+    venv: Path, unreadable: Path, *, mode: int = 0o000
+) -> subprocess.CompletedProcess[str]:
+    """``envbuild snapshot --python VENV`` in a subprocess that cannot read ``unreadable`` (chmod
+    ``mode``, which means nothing to root: see :func:`_as_plain_user`). Checks first that such a
+    process really cannot read it, else the test would prove nothing."""
+    before = unreadable.stat().st_mode & 0o777
+    unreadable.chmod(mode)
     env = {"PATH": os.environ["PATH"], "HOME": str(venv.parent), "PYTHONPATH": str(REPO)}
     try:
-        # the subprocess really cannot read it (else this test would prove nothing) …
         probe = subprocess.run(
-            _as_plain_user([sys.executable, "-c", f"open({str(model)!r}).read()"]),
+            _as_plain_user([sys.executable, "-c", f"import os; p = {str(unreadable)!r}; "
+                            "os.listdir(p) if os.path.isdir(p) else open(p).read()"]),
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert probe.returncode == 1 and "PermissionError" in probe.stderr, probe.stderr
-        # … and the snapshot says so, cleanly
-        done = subprocess.run(
+        return subprocess.run(
             _as_plain_user(
                 [sys.executable, "-m", "envbuild", "snapshot", "--python", str(venv),
                  "--no-docker", "--no-systemd", "--no-models"]
@@ -139,9 +141,114 @@ def test_a_file_the_user_cannot_read(venv: Path) -> None:
             env=env, cwd=venv.parent, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
     finally:
-        model.chmod(0o644)
-    assert done.returncode == 2, done.stderr
+        unreadable.chmod(before)
+
+
+def _failed_cleanly(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr
     assert any(line.startswith("error: ") for line in done.stderr.splitlines()), done.stderr
-    assert "cannot check every file" in done.stderr
-    assert "llama.py (alpha): Permission denied" in done.stderr
+    for needle in needles:
+        assert needle in done.stderr, done.stderr
+
+
+def test_a_file_the_user_cannot_read(venv: Path) -> None:
+    """A recorded file the snapshot cannot read stops it with exit 2 naming the file."""
+    model = site_packages(venv) / "alpha" / "models" / "llama.py"
+    done = _snapshot_as_plain_user(venv, model)
+    _failed_cleanly(done, "cannot check every file", "llama.py (alpha): Permission denied")
+
+
+def test_a_record_the_user_cannot_read(venv: Path) -> None:
+    """Not "no RECORD": alpha would be listed as checked with no files, its files unrecorded."""
+    record = site_packages(venv) / "alpha-1.0.dist-info" / "RECORD"
+    done = _snapshot_as_plain_user(venv, record)
+    _failed_cleanly(done, "cannot check every file", f"{record} (alpha): Permission denied")
+    assert done.stderr.count("Permission denied") == 1
+
+
+def test_site_packages_the_user_cannot_list(venv: Path) -> None:
+    sp = site_packages(venv)
+    done = _snapshot_as_plain_user(venv, sp, mode=0o311)  # may enter, may not list
+    _failed_cleanly(done, f"cannot list its site-packages {sp}: Permission denied")
+
+
+@pytest.mark.parametrize("name", ["RECORD", "METADATA"])
+def test_a_fifo_in_dist_info_is_unreadable_not_a_hang(venv: Path, name: str) -> None:
+    """envbuild reads these itself before any file is hashed: opened for reading, a FIFO with
+    no writer would block forever (a subprocess, so that a hang fails the test)."""
+    fifo = site_packages(venv) / "alpha-1.0.dist-info" / name
+    fifo.unlink()
+    os.mkfifo(fifo)
+    done = subprocess.run(
+        [sys.executable, "-m", "envbuild", "snapshot", "--python", str(venv),
+         "--no-docker", "--no-systemd", "--no-models"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    _failed_cleanly(done, f"{fifo} (alpha): not a regular file")
+    assert done.stderr.count("not a regular file") == 1  # METADATA: RECORD lists it too
+
+
+@pytest.mark.parametrize("what", ["file", "/etc/passwd"])
+def test_an_hf_cache_that_is_not_a_folder(cli: Any, tmp_path: Path, what: str) -> None:
+    path = Path(what)
+    if what == "file":
+        path = tmp_path / "hub"
+        path.write_text("not a cache\n")
+    result = cli("snapshot", "--hf-cache", path, "--no-docker", "--no-systemd")
+    fails_cleanly(result, f"{path}: is not a folder", "hint: ", "--no-models")
+    assert result.stdout == ""
+
+
+def _built(**changes: Any) -> dict[str, Any]:
+    """A build manifest as `envbuild build` writes it, with ``changes`` made by hand."""
+    from envbuild.manifest import BuildManifest, BuiltLayer
+
+    layer = BuiltLayer(
+        name="python", kind="packages", key="k", digest="sha256:" + "a" * 64,
+        diff_id="sha256:" + "b" * 64, size=2048, media_type="tar", distributions=["alpha==1.0"],
+    )  # fmt: skip
+    built = BuildManifest(
+        generator="envbuild 0.1.0", spec="exp", spec_hash="c" * 64, lock_hash="d" * 64, base={},
+        source_date_epoch=0, layers=[layer], config="sha256:" + "e" * 64,
+        image="sha256:" + "1" * 64, outputs={},
+    )  # fmt: skip
+    return {**built.model_dump(mode="json"), **changes}
+
+
+def test_a_build_manifest_from_a_newer_format(cli: Any, tmp_path: Path) -> None:
+    newer = tmp_path / "images" / "exp" / "build-manifest.json"
+    newer.parent.mkdir(parents=True)
+    newer.write_text(json.dumps(_built(format=2)))
+    needles = (f"{newer}: build manifest format 2 is newer", "upgrade envbuild")
+    fails_cleanly(cli("diff", FIXTURE, newer), *needles)
+    fails_cleanly(cli("diff", newer, FIXTURE), *needles)
+    fails_cleanly(cli("snapshot", "--image", newer.parent, "--no-docker", "--no-systemd",
+                      "--no-models"), *needles)  # fmt: skip
+    newer.write_text(json.dumps(_built()))  # the same with this envbuild's format
+    assert cli("diff", FIXTURE, newer).exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ({"layers": "xx", "packages": {"alpha": "1.0"}}, "layers: Input should be a valid list"),
+        ({"packages": {"alpha": 1.0}}, "packages.alpha: Input should be a valid string"),
+        ({"packages": [{"name": "alpha"}]}, "packages.0.version: Field required"),
+        ({"python": "3.11", "packages": {"alpha": "1.0"}}, "python: Input should be an object"),
+        (
+            {"layers": [{"name": "base", "size": 1}]},
+            "layers.0: Value error, a layer needs a digest",
+        ),
+        (_built(layers=[{**_built()["layers"][0], "size": "big"}]), "layers.0.size"),
+        (_built(spec=None), "spec: Input should be a valid string"),
+        (_built(colour="blue"), "colour: Extra inputs are not permitted"),
+    ],
+)
+def test_a_hand_edited_build_manifest(
+    cli: Any, tmp_path: Path, content: dict[str, Any], needle: str
+) -> None:
+    bad = tmp_path / "hand.json"
+    bad.write_text(json.dumps(content))
+    fails_cleanly(cli("diff", FIXTURE, bad), f"{bad}: invalid build manifest: ", needle, "hint: ")

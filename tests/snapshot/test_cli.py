@@ -206,3 +206,21 @@ def test_against_envbuild_build_manifest(cli: Cli, venv: Path, tmp_path: Path) -
     lines = result.stdout.splitlines()
     assert "  beta: 1.0 → 1.1" in lines
     assert f"  image: sha256:{'1' * 64} → sha256:{'2' * 64}" in lines
+
+
+def test_a_distribution_without_record_is_said_to_be_unchecked(
+    cli: Cli, venv: Path, tmp_path: Path
+) -> None:
+    """Some installers write no RECORD: legit, but nothing of it can be checked, and the summary
+    says so instead of counting it clean. In the manifest, ``record_sha256`` is null."""
+    (site_packages(venv) / "beta-1.0.dist-info" / "RECORD").unlink()
+    out = tmp_path / "snap.json"
+    result = cli("snapshot", "--python", venv, "--no-models", *SCOPE, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    [beta] = [d for d in json.loads(out.read_text())["pythons"][0]["distributions"]
+              if d["name"] == "beta"]  # fmt: skip
+    assert (beta["record_sha256"], beta["files"]) == (None, 0)
+    assert "overlapping paths, 1 without RECORD (full check)" in result.stdout
+    assert "  no RECORD: beta-1.0.dist-info (beta 1.0): its files cannot be checked" in (
+        result.stdout.splitlines()
+    )
