@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from envbuild import registry
-from envbuild.errors import IntegrityError
+from envbuild.errors import IntegrityError, RegistryUnreachable
 from envbuild.fsio import canonical_json
 from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Transport
 from envbuild.registry.layout import LayoutImage, add_blob, open_layout, write_artifact
@@ -58,6 +58,8 @@ class CacheStats:
     bytes_fetched: int = 0
     bytes_uploaded: int = 0
     bytes_not_uploaded: int = 0
+    #: Why the cache was done without (it did not answer), or None.
+    unreachable: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,7 @@ class CacheStats:
             "bytes_fetched": self.bytes_fetched,
             "bytes_uploaded": self.bytes_uploaded,
             "bytes_not_uploaded": self.bytes_not_uploaded,
+            "unreachable": self.unreachable,
         }
 
 
@@ -107,7 +110,18 @@ class RemoteCache:
         return self.repo.with_tag(cache_tag(key))
 
     def has(self, key: str) -> bool:
-        return self.api.manifest_digest(cache_tag(key)) is not None
+        """Whether the cache holds ``key``. A cache that does not answer at all is, for the
+        rest of this run, an empty one (a warning, once): the build goes on locally, as Nix
+        does without its substituter. A refusal (credentials) or a TLS mismatch still fails:
+        those are a configuration to fix, not an outage to wait out."""
+        if self.stats.unreachable is not None:
+            return False
+        try:
+            return self.api.manifest_digest(cache_tag(key)) is not None
+        except RegistryUnreachable as exc:
+            self.stats.unreachable = exc.message
+            log.warning("%s; building without the cache %s", exc.message, self.repo.name)
+            return False
 
     # -- fetch -------------------------------------------------------------------------------
     def fetch(self, store: Store, key: str) -> Derivation | None:
@@ -160,6 +174,8 @@ class RemoteCache:
             return None
         if self.has(drv.key):
             log.debug("cache already has %s", drv.key[:12])
+            return None
+        if self.stats.unreachable is not None:
             return None
         ref = self.ref(drv.key)
         with store.temp_dir("cache-") as tmp:

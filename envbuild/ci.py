@@ -136,6 +136,8 @@ def summary_markdown(report: CiReport) -> str:
             f"Remote cache: {len(c['hits'])} derivations pulled, {len(c['published'])} "
             f"published, {len(c['misses'])} not in the cache.",
         ]
+        if c.get("unreachable"):
+            lines.append(f"The cache did not answer ({c['unreachable']}): built without it.")
     return "\n".join(lines) + "\n"
 
 

@@ -206,6 +206,11 @@ class RegistryError(EnvironmentFailure):
         self.status = status
 
 
+class RegistryUnreachable(RegistryError):
+    """No answer at all from the registry (connection refused, no route, a time-out): unlike a
+    refusal or a TLS mismatch, nothing about the request was wrong."""
+
+
 class Busy(EnvironmentFailure):
     """Another envbuild process holds the lock on what this one wants to change."""
 

@@ -22,7 +22,7 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import IntegrityError, RegistryError
+from envbuild.errors import IntegrityError, RegistryError, RegistryUnreachable
 from envbuild.registry.auth import Credentials, config_files, find_credentials
 
 log = logging.getLogger("envbuild.registry")
@@ -142,7 +142,7 @@ class RegistryApi:
                 f"registry {self.registry}: TLS handshake failed ({reason})",
                 hint="a registry that speaks plain HTTP needs --insecure",
             )
-        return RegistryError(
+        return RegistryUnreachable(
             f"cannot reach registry {self.registry}: {reason}",
             hint="check the host and port, and that the registry is running",
         )

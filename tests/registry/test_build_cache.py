@@ -97,3 +97,58 @@ def test_a_second_machine_builds_nothing(
     assert "0 published" in second.stderr
     assert same == made
     assert second.stdout.strip() == first.stdout.strip()
+
+
+def test_a_cache_that_does_not_answer_is_built_without_but_a_refusal_fails(
+    repo: Path,
+    registry_auth: Registry,
+    registry_tls: Registry,
+    docker_config: Path,
+    cli: Build,
+    tmp_path: Path,
+) -> None:
+    """No answer at all (nothing listens): a warning, and the build goes on locally to the same
+    image. Wrong credentials: exit 3 before anything is built. Right credentials, and TLS with
+    the registry's CA: the cache works (entries published)."""
+    import socket
+
+    wheels = [ref(make_wheel(repo / "wheels", "helper", "1.0", {"helper.py": "HELP = 1\n"}))]
+    spec = write_project(repo, "cached", wheels)
+
+    def build(store: str, *cache: str | Path) -> CliResult:
+        out = tmp_path / f"out-{store}"
+        return cli("build", "--store", tmp_path / store, "--output", out, "--no-docker-archive",
+                   "--json", *cache, spec)  # fmt: skip
+
+    plain = build("plain")
+    assert plain.exit_code == 0, plain.stderr
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = build("down", "--cache", f"127.0.0.1:{port}/cache", "--insecure")
+    assert down.exit_code == 0, down.stderr
+    assert f"cannot reach registry 127.0.0.1:{port}" in down.stderr
+    assert down.stderr.count("building without the cache") == 1  # said once
+    assert down.json()["image"] == plain.json()["image"]
+
+    registry_auth.write_docker_config(docker_config, password="wrong")
+    cache = registry_auth.ref("private/cache")
+    refused = build("refused", "--cache", cache, "--insecure")
+    assert refused.exit_code == 3
+    assert f"registry {registry_auth.host} refused the credentials" in refused.stderr
+    assert json.loads(refused.stdout)["error"]["kind"] == "RegistryError"
+    drvs = tmp_path / "refused" / "drv"  # nothing built before the cache was asked
+    assert not drvs.exists() or not any(drvs.iterdir())
+    registry_auth.write_docker_config(docker_config)
+    authed = build("authed", "--cache", cache, "--insecure")
+    assert authed.exit_code == 0, authed.stderr
+    assert authed.json()["image"] == plain.json()["image"]
+
+    assert registry_tls.cert_dir is not None
+    tls = build("tls", "--cache", registry_tls.ref("secure/cache"), "--cert-dir",
+                registry_tls.cert_dir)  # fmt: skip
+    assert tls.exit_code == 0, tls.stderr
+    again = build("tls-again", "--cache", registry_tls.ref("secure/cache"), "--cert-dir",
+                  registry_tls.cert_dir)  # fmt: skip
+    assert again.exit_code == 0, again.stderr
+    assert "cache hit" in again.stderr and again.json()["image"] == plain.json()["image"]
