@@ -84,3 +84,41 @@ def test_validate_reports_a_missing_spec_and_goes_on_to_the_next(cli, repo):
     assert oks == [(str(empty), False), (str(missing), False), (str(good), True)]
     (problem,) = result.json()["results"][1]["problems"]
     assert problem["file"] == "specs/missing.toml" and problem["message"] == "no such file"
+
+
+def test_every_command_has_its_help_and_loads_only_its_own_module():
+    """A command's parser comes from its own module alone (start-up: a snapshot does not import
+    the build); each command's --help works through that path, and the top-level one lists all."""
+    from envbuild.cli import COMMANDS
+
+    script = (
+        "import sys\n"
+        "from envbuild.cli import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('envbuild.cli.')))\n"
+        "raise SystemExit(code)\n"
+    )
+    for name in COMMANDS:
+        done = subprocess.run(
+            [sys.executable, "-c", script, name, "--help"],
+            capture_output=True, text=True, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr)
+        assert f"usage: envbuild {name}" in done.stdout
+        loaded = done.stdout.rsplit("LOADED", 1)[1]
+        assert "envbuild.cli.build'" not in loaded or name in ("build", "ci"), (name, loaded)
+    done = subprocess.run(
+        [sys.executable, "-c", script, "snapshot", "--help"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    assert "'envbuild.cli.apply'" not in done.stdout
+    whole = subprocess.run(
+        [sys.executable, "-m", "envbuild", "--help"], capture_output=True, text=True, check=False
+    )
+    assert all(f"    {name} " in whole.stdout for name in COMMANDS), whole.stdout
+
+
+def test_an_unknown_command_lists_the_known_ones(cli):
+    result = cli("nonsense")
+    assert result.exit_code == ExitCode.USER_ERROR
+    assert "invalid choice: 'nonsense'" in result.stderr and "snapshot" in result.stderr

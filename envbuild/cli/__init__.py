@@ -18,7 +18,7 @@ from envbuild import __version__
 from envbuild.cli import render
 from envbuild.errors import EnvbuildError, ExitCode, SpecError
 
-#: Command modules, in the order ``--help`` lists them.
+#: Commands, in the order ``--help`` lists them; each is ``envbuild.cli.<name>``.
 COMMANDS: tuple[str, ...] = (
     "validate",
     "show",
@@ -37,8 +37,12 @@ COMMANDS: tuple[str, ...] = (
     "apply",
     "generations",
     "rollback",
-    "render-host",
+    "render",
 )
+#: Commands whose module has another name.
+_MODULES = {"render": "render_host"}
+
+_COMMAND_NAMES = frozenset(COMMANDS)
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -50,7 +54,10 @@ exit codes:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or (``only``) of that one command in full and the others as
+    bare names: a command module imports the core it drives, and a snapshot should not pay for
+    importing the build, lock and apply stages first (half a second of start-up)."""
     parser = argparse.ArgumentParser(
         prog="envbuild",
         description="Declarative, reproducible environments and OCI images for GPU serving.",
@@ -64,15 +71,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module = importlib.import_module(f"envbuild.cli.{name.replace('-', '_')}")
+        if only is not None and name != only:
+            sub.add_parser(name)  # never parsed further: argv names another command
+            continue
+        module = importlib.import_module(f"envbuild.cli.{_MODULES.get(name, name)}")
         module.register(sub)
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is one (global options take no value,
+    so nothing before the command can be mistaken for it). None: help, or a usage error."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in _COMMAND_NAMES else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    command = _command_in(args_in)
+    if "--version" in args_in and set(args_in) <= {"--version", "-v", "-q"}:
+        print(f"envbuild {__version__}")  # what argparse's version action prints, sooner
+        return ExitCode.OK
+    parser = build_parser(command)
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(args_in)
     except SystemExit as exc:  # --help, --version, or a usage error (argparse printed it)
         return int(exc.code or 0) if not isinstance(exc.code, str) else ExitCode.USER_ERROR
     if not getattr(args, "func", None):
