@@ -49,14 +49,6 @@ from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store import Store  # noqa: E402
 
 MB = 1e6
-#: The kimi-nvfp4 spec as committed says nothing about its overlaps, so envbuild refuses it; the
-#: bench settles them (cuda-python 12 vs cuda-bindings 13; flashinfer-python and
-#: torch-c-dlpack-ext both ship a top-level build_backend.py).
-KIMI_OVERLAPS = """
-[image.overlaps]
-"cuda-python" = "cuda-bindings"
-"torch-c-dlpack-ext" = "flashinfer-python"
-"""
 
 
 def log(msg: str) -> None:
@@ -425,7 +417,6 @@ def main() -> int:
             kimi = make_repo(
                 work,
                 REPO / "specs" / "kimi-nvfp4.toml",
-                extra=KIMI_OVERLAPS,
                 lockfile=REPO / "lockfiles" / "kimi-nvfp4.pylock.toml",
             )
             results["kimi"] = bench_envbuild(kimi, work, args.runs, None, big=True)
