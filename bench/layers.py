@@ -119,7 +119,8 @@ def shell(cmd: str) -> tuple[float, float]:
 
 
 def child(code: str, pythonpath: Path, *args: str) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(pythonpath))
+    path = os.pathsep.join(x for x in (str(pythonpath), os.environ.get("PYTHONPATH")) if x)
+    env = dict(os.environ, PYTHONPATH=path)  # the source under test first, then what was there
     done = subprocess.run(
         [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=True
     )
