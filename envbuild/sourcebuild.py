@@ -3,13 +3,17 @@
 A source build's inputs are the sdist (its sha256 from the lock), the exact torch it builds
 against (version and wheel sha256 from the lock), the Python version, the compilers as found
 (gcc, g++, nvcc), the build flags the spec declares (``FLASH_ATTENTION_FORCE_BUILD=TRUE`` forced
-for flash-attn, so it never fetches a prebuilt wheel), the build requirements and where the build
-runs. Their canonical JSON names the derivation (:func:`envbuild.store.derivation_key`); the
-output is the wheel and the build log, both blobs in the store, and the record keeps the audit
-(:mod:`envbuild.audit`) of every compiled file of the wheel.
+for flash-attn, so it never fetches a prebuilt wheel), the build requirements, the locked pins of
+what the build venv installs (``constraints``: the lock's dependency closure of the build
+requirements and torch, :func:`envbuild.sourceplan.build_closure`; no other locked package) and
+where the build runs. Their canonical JSON names the derivation
+(:func:`envbuild.store.derivation_key`); the output is the wheel and the build log, both blobs in
+the store, and the record keeps the audit (:mod:`envbuild.audit`) of every compiled file of the
+wheel.
 
 Same inputs: the stored wheel is reused. Changed inputs: it is built again, and the result says
-which inputs changed since the last build of that distribution. A build that fails, is killed for
+which inputs changed since the last build of that distribution (a list item by item:
+``constraints: torch==2.14.0 -> torch==2.14.1``). A build that fails, is killed for
 memory, or whose audit lacks a target GPU's compute capability leaves the store as it was.
 
 ``MAX_JOBS`` not pinned by the spec is chosen from free memory and cores and recorded in the
@@ -18,19 +22,24 @@ derivation's meta; it is not a key input (it changes the build's speed, not its 
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
+import re
 import shutil
 import tarfile
 import tempfile
 import tomllib
 import urllib.parse
 import urllib.request
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.audit import Audit, audit_wheel
@@ -50,6 +59,8 @@ from envbuild.errors import (
     UserError,
 )
 from envbuild.fsio import sha256_file
+from envbuild.patches import verify_record
+from envbuild.plan import target_tags
 from envbuild.store import Derivation, Output, Store, derivation_key
 from envbuild.toolchain import choose_max_jobs, requested_archs, unsupported
 
@@ -66,6 +77,10 @@ EXTRA_REQUIRES: dict[str, list[str]] = {
 #: The PEP 517 fallback when an sdist declares no build system (setuptools < 70.1 needs wheel).
 DEFAULT_REQUIRES = ["setuptools>=40.8.0", "wheel"]
 LOG_TAIL = 40
+#: Build flags that must be positive whole numbers, for every build (``envbuild validate``
+#: says the same at the spec's line: envbuild/spec/checks/builds.py).
+INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
+_POSITIVE = re.compile(r"[1-9][0-9]*")
 
 
 class _Model(BaseModel):
@@ -94,12 +109,18 @@ class SourceBuildRequest(_Model):
     env: dict[str, str] = Field(default_factory=dict, description="declared flags")
     torch: TorchRef | None = None
     requires: list[str] = Field(default_factory=list, description="extra build requirements")
-    constraints: list[str] = Field(default_factory=list)
+    constraints: list[str] = Field(
+        default_factory=list,
+        description="the locked pins the build venv can see: the lock's packages in the "
+        "dependency closure of the build requirements and torch (name==version ; marker)",
+    )
     index_url: str | None = None
     extra_index_urls: list[str] = Field(default_factory=list)
     exclude_newer: str | None = None
     target_ccs: list[str] = Field(default_factory=list, description="the GPUs' capabilities")
     where: str | None = Field(None, description="the spec file and line declaring the build")
+    python: str | None = Field(None, description="the target's Python, MAJOR.MINOR (the lock's)")
+    platform: str | None = Field(None, description="the target's platform tag (the lock's)")
 
     @property
     def build_env(self) -> dict[str, str]:
@@ -111,12 +132,23 @@ class SourceBuildRequest(_Model):
 
 
 class InputChange(_Model):
+    """One input that differs. For a list input (``constraints``, ``requires``) each added,
+    removed or changed item is a change of its own, ``item`` true and ``old``/``new`` the
+    items (None: not there)."""
+
     key: str = Field(description="dotted path of the input")
     old: Any = None
     new: Any = None
+    item: bool = Field(False, description="old and new are items of the list input key")
 
     def render(self) -> str:
-        return f"{self.key}: {_short(self.old)} -> {_short(self.new)}"
+        if not self.item:
+            return f"{self.key}: {_short(self.old)} -> {_short(self.new)}"
+        if self.old is None:
+            return f"{self.key}: added {self.new}"
+        if self.new is None:
+            return f"{self.key}: removed {self.old}"
+        return f"{self.key}: {self.old} -> {self.new}"
 
 
 class BuildResult(_Model):
@@ -143,8 +175,12 @@ class ArchMissing(UserError):
 
 
 def _short(value: Any) -> str:
+    """A value as a change shows it: leaves (strings, numbers) whole, so two long values that
+    differ at their end still read as different; only a whole list or table is cut."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    if not isinstance(value, list | dict) or len(text) <= 200:
+        return text
+    return text[:197] + "..."
 
 
 # --- inputs --------------------------------------------------------------------------------
@@ -177,14 +213,48 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def diff_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[InputChange]:
-    """Which inputs differ, as dotted keys (``env.FLASH_ATTN_CUDA_ARCHS``), sorted."""
-    a, b = _flatten(dict(old)), _flatten(dict(new))
+def _item_id(item: str) -> str:
+    """What names a requirement or pin in a list (``torch==2.14.0 ; marker`` -> ``torch ;
+    marker``), so that a new version of it reads as a change, not a removal and an addition."""
+    spec, _, marker = item.partition(";")
+    name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+    head = canonicalize_name(name.group(1)) if name else spec.strip()
+    return f"{head} ;{' '.join(marker.split())}" if marker.strip() else head
+
+
+def _diff_items(key: str, old: list[str], new: list[str]) -> list[InputChange]:
+    a = {_item_id(i): i for i in old}
+    b = {_item_id(i): i for i in new}
+    if len(a) != len(old) or len(b) != len(new):  # two items with one name: compare whole items
+        a, b = {i: i for i in old}, {i: i for i in new}
     return [
-        InputChange(key=k, old=a.get(k), new=b.get(k))
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
+        InputChange(key=key, old=a.get(i), new=b.get(i), item=True)
+        for i in sorted(set(a) | set(b))
+        if a.get(i) != b.get(i)
     ]
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(i, str) for i in value)
+
+
+def diff_inputs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[InputChange]:
+    """Which inputs differ, as dotted keys (``env.FLASH_ATTN_CUDA_ARCHS``), sorted. A list of
+    strings (requirements, pins) is compared item by item: ``constraints: torch==2.14.0 ->
+    torch==2.14.1``, ``constraints: added sympy==1.14.0``."""
+    a, b = _flatten(dict(old)), _flatten(dict(new))
+    out: list[InputChange] = []
+    for k in sorted(set(a) | set(b)):
+        before, after = a.get(k), b.get(k)
+        if before == after:
+            continue
+        if _strings(before if before is not None else []) and _strings(
+            after if after is not None else []
+        ):
+            out += _diff_items(k, before or [], after or [])
+        else:
+            out.append(InputChange(key=k, old=before, new=after))
+    return out
 
 
 def previous_build(
@@ -235,6 +305,29 @@ def check_archs(req: SourceBuildRequest, toolchain: Toolchain) -> None:
         )
 
 
+def int_flags(req: SourceBuildRequest) -> dict[str, int]:
+    """``MAX_JOBS`` and ``NVCC_THREADS`` as the spec pins them; a value that is not a positive
+    whole number is the spec's mistake (exit 2), never a crash."""
+    out: dict[str, int] = {}
+    env = req.build_env
+    for var in INT_ENV:
+        if var not in env:
+            continue
+        if not _POSITIVE.fullmatch(env[var]):
+            raise UserError(
+                f"{req.where or req.dist}: builds.{req.dist}.env.{var} must be a positive whole "
+                f"number, not {env[var]!r}",
+                hint=f'write it like {var} = "8"'
+                + (
+                    ", or leave it out to have it chosen from free memory"
+                    if var == "MAX_JOBS"
+                    else ""
+                ),
+            )
+        out[var] = int(env[var])
+    return out
+
+
 def check_audit(req: SourceBuildRequest, audit: Audit, wheel: str) -> None:
     missing = audit.missing(req.target_ccs)
     if not any(f.has_device_code for f in audit.files) and req.needs_cuda and req.target_ccs:
@@ -254,9 +347,10 @@ def check_audit(req: SourceBuildRequest, audit: Audit, wheel: str) -> None:
         )
 
 
-def check_wheel_name(req: SourceBuildRequest, filename: str) -> None:
+def check_wheel_name(req: SourceBuildRequest, filename: str) -> frozenset[Tag]:
+    """The wheel's name and version are the locked ones; returns its tags."""
     try:
-        name, version, _, _ = parse_wheel_filename(filename)
+        name, version, _, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename as exc:
         raise InputFileError(filename, f"is not a wheel file name: {exc}") from None
     if name != canonicalize_name(req.dist) or version.public != Version(req.version).public:
@@ -264,6 +358,75 @@ def check_wheel_name(req: SourceBuildRequest, filename: str) -> None:
             filename,
             f"is {name} {version}, not {canonicalize_name(req.dist)} {req.version} as locked",
         )
+    return tags
+
+
+def check_wheel_tags(req: SourceBuildRequest, filename: str, tags: frozenset[Tag]) -> None:
+    """Some tag of the wheel fits the target's CPython and platform (when the request names
+    them, as requests from a lock do)."""
+    if not req.python or not req.platform:
+        return
+    if tags & set(target_tags(req.python, req.platform)):
+        return
+    shown = ", ".join(sorted(str(t) for t in tags))
+    cp = "cp" + "".join(req.python.split(".")[:2])
+    arch = re.sub(r"^(manylinux|musllinux)_\d+_\d+_|^[a-z]+linux\d*_|^linux_", "", req.platform)
+    raise InputFileError(
+        filename,
+        f"is tagged {shown}: it cannot be installed on the target, CPython {req.python} on "
+        f"{req.platform}",
+        hint=f"build it with CPython {req.python} on {arch} Linux (tagged {cp}-{cp}-linux_{arch} "
+        f"or manylinux_…_{arch}), or change [python] version",
+    )
+
+
+def check_wheel_contents(req: SourceBuildRequest, wheel: Path) -> None:
+    """The wheel holds the locked distribution's ``.dist-info`` (METADATA, WHEEL, RECORD) and
+    every file verifies against its RECORD."""
+    _, version, _, _ = parse_wheel_filename(wheel.name)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = {i.filename for i in zf.infolist() if not i.is_dir()}
+            infos = {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
+            info = next((d for d in sorted(infos) if _is_dist_info(d, req.dist, version)), None)
+            if info is None:
+                found = ", ".join(sorted(infos)) or "none"
+                raise InputFileError(
+                    wheel,
+                    f"has no .dist-info of {canonicalize_name(req.dist)} {version} "
+                    f"(found: {found})",
+                    hint="a wheel holds <name>-<version>.dist-info with METADATA, WHEEL and "
+                    "RECORD; build it again with `uv build --wheel` or pip wheel",
+                )
+            missing = [f for f in ("METADATA", "WHEEL", "RECORD") if f"{info}/{f}" not in names]
+            if missing:
+                raise InputFileError(wheel, f"{info} lacks {', '.join(missing)}")
+            listed = {
+                row[0] for row in csv.reader(io.StringIO(zf.read(f"{info}/RECORD").decode())) if row
+            }
+        problems = [f"{n}: in RECORD but not in the wheel" for n in sorted(listed - names)]
+        problems += verify_record(wheel)
+    except (zipfile.BadZipFile, OSError, UnicodeDecodeError, ValueError, IndexError) as exc:
+        raise InputFileError(wheel, f"is not a readable wheel: {exc}") from None
+    if problems:
+        shown = "; ".join(problems[:5]) + (
+            f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        )
+        raise InputFileError(
+            wheel,
+            f"does not verify against its RECORD: {shown}",
+            hint="the wheel was changed after it was built, or damaged in transit; copy it again",
+        )
+
+
+def _is_dist_info(folder: str, dist: str, version: Version) -> bool:
+    name, sep, ver = folder.removesuffix(".dist-info").rpartition("-")
+    if not sep:
+        return False
+    try:
+        return canonicalize_name(name) == canonicalize_name(dist) and Version(ver) == version
+    except InvalidVersion:
+        return False
 
 
 # --- the sdist ------------------------------------------------------------------------------
@@ -343,6 +506,7 @@ def realize(
     memory: int | None = None,
 ) -> BuildResult:
     """The wheel for ``req``: from the store when its inputs were built before, else built."""
+    int_flags(req)
     toolchain = builder.probe(cuda=req.needs_cuda)
     check_archs(req, toolchain)
     inputs = inputs_of(req, toolchain, builder)
@@ -396,13 +560,11 @@ def _build(
     *,
     memory: int | None,
 ) -> Output:
-    env = req.build_env
-    threads = int(env.get("NVCC_THREADS", "4") or 4)
-    max_jobs = (
-        int(env["MAX_JOBS"]) if env.get("MAX_JOBS") else choose_max_jobs(threads, memory=memory)
-    )
-    env = {**env, "MAX_JOBS": str(max_jobs)}
-    how = "pinned by the spec" if req.env.get("MAX_JOBS") else "chosen from free memory"
+    pinned = int_flags(req)
+    threads = pinned.get("NVCC_THREADS", 4)
+    max_jobs = pinned.get("MAX_JOBS") or choose_max_jobs(threads, memory=memory)
+    env = {**req.build_env, "MAX_JOBS": str(max_jobs)}
+    how = "pinned by the spec" if "MAX_JOBS" in pinned else "chosen from free memory"
     log.info("%s %s: building with MAX_JOBS=%d (%s)", req.dist, req.version, max_jobs, how)
     with store.temp_dir(prefix="build-") as work:
         (work / "out").mkdir()
@@ -522,11 +684,24 @@ def _result(
     )
 
 
-def add_wheel(req: SourceBuildRequest, builder: Builder, store: Store, wheel: Path) -> BuildResult:
-    """Record a wheel built elsewhere under the key a build here would have, after auditing it."""
+def check_wheel_file(req: SourceBuildRequest, wheel: Path) -> None:
+    """A wheel built elsewhere can stand for ``req``'s build: it is the locked distribution and
+    version, tagged for the target's Python and platform, with a ``.dist-info`` whose RECORD
+    verifies. Each failure is the user's (exit 2), naming the file."""
     if not wheel.is_file():
         raise InputFileError(wheel, "no such file")
-    check_wheel_name(req, wheel.name)
+    check_wheel_tags(req, wheel.name, check_wheel_name(req, wheel.name))
+    check_wheel_contents(req, wheel)
+
+
+def add_wheel(
+    req: SourceBuildRequest, builder: Builder, store: Store, wheel: Path, *, checked: bool = False
+) -> BuildResult:
+    """Record a wheel built elsewhere under the key a build here would have, after checking it
+    (:func:`check_wheel_file`, unless the caller did: ``checked``) and auditing it."""
+    if not checked:
+        check_wheel_file(req, wheel)
+    int_flags(req)
     toolchain = builder.probe(cuda=req.needs_cuda)
     inputs = inputs_of(req, toolchain, builder)
     audit = audit_wheel(wheel)

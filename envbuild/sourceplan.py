@@ -5,23 +5,43 @@ sdists, torch wheel and patch digests) into the inputs of :func:`envbuild.source
 :func:`envbuild.patches.realize_patch`. :func:`describe` says what those derivations will be
 without building anything: the build plan (``envbuild build --dry-run``) and
 ``envbuild store plan`` show it.
+
+A build venv holds the build requirements and the locked torch with their dependencies, pinned to
+the lock: :func:`build_closure` finds those pins, and only those are a source build's
+``constraints`` (an input of its key, and the build venv's ``--constraint``), so bumping a
+package no build can see rebuilds nothing. The lock records no dependencies (uv's pylock.toml has
+none), so they are read from the locked wheels' own METADATA (:func:`wheel_requires`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+import shutil
+import ssl
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from packaging.metadata import parse_email
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.audit import Audit
 from envbuild.builder import Builder, HostBuilder
-from envbuild.errors import ManifestError, UsageError
+from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError, UsageError
+from envbuild.fsio import atomic_writer, sha256_file
+from envbuild.install import WheelRef
 from envbuild.lock.model import Lock
 from envbuild.patches import KIND as PATCH_KIND
 from envbuild.patches import PatchRef, patch_inputs, patched_version
 from envbuild.plan import PlannedDerivation, select_wheels
+from envbuild.plan import _marker_env as marker_env
 from envbuild.sourcebuild import (
     EXTRA_REQUIRES,
     BuildResult,
@@ -29,12 +49,18 @@ from envbuild.sourcebuild import (
     SourceBuildRequest,
     TorchRef,
     add_wheel,
+    check_wheel_file,
 )
 from envbuild.sourcebuild import KIND as BUILD_KIND
 from envbuild.spec.knowledge import gpu as known_gpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.store import Store, derivation_key
 from envbuild.toolchain import requested_archs
+
+log = logging.getLogger("envbuild.sourceplan")
+
+#: Reads a locked wheel's ``Requires-Dist`` (:func:`wheel_requires`; tests pass their own).
+RequiresOf = Callable[[WheelRef], list[str]]
 
 
 class _Model(BaseModel):
@@ -59,14 +85,23 @@ def _torch(lock: Lock) -> TorchRef | None:
     return TorchRef(version=ref.version, wheel=ref.filename, sha256=ref.sha256)
 
 
-def build_requests(loaded: LoadedSpec, lock: Lock) -> list[SourceBuildRequest]:
-    """One request per ``[builds]`` entry, in name order."""
+def build_requests(
+    loaded: LoadedSpec, lock: Lock, *, requires_of: RequiresOf | None = None
+) -> list[SourceBuildRequest]:
+    """One request per ``[builds]`` entry, in name order. Each one's ``constraints`` are the
+    lock's pins of what its build venv installs (:func:`build_closure`); ``requires_of`` reads
+    a locked wheel's dependencies (default :func:`wheel_requires`)."""
+    return _requests(loaded, lock, requires_of or wheel_requires)
+
+
+def _requests(
+    loaded: LoadedSpec, lock: Lock, requires_of: RequiresOf | None
+) -> list[SourceBuildRequest]:
+    """The requests; without ``requires_of`` (a plan) their constraints are left empty."""
     meta = lock.envbuild
     torch = _torch(lock)
     indexes = {i.name: i.url for i in meta.indexes}
-    constraints = sorted(
-        f"{p.name}=={p.version}" + (f" ; {p.marker}" if p.marker else "") for p in lock.packages
-    )
+    read = _memo(requires_of) if requires_of else None
     out = []
     for dist in sorted(loaded.spec.builds):
         locked = lock.build(dist)
@@ -88,15 +123,167 @@ def build_requests(loaded: LoadedSpec, lock: Lock) -> list[SourceBuildRequest]:
                 ),
                 env=dict(loaded.spec.builds[dist].env),
                 torch=torch,
-                constraints=constraints,
+                constraints=build_closure(lock, build_roots(dist, torch), read) if read else [],
                 index_url=indexes.get("default"),
                 extra_index_urls=[u for n, u in sorted(indexes.items()) if n != "default"],
                 exclude_newer=meta.exclude_newer.isoformat().replace("+00:00", "Z"),
                 target_ccs=target_ccs(loaded),
                 where=f"{file}:{line}" if line else file,
+                python=meta.python,
+                platform=meta.platform,
             )
         )
     return out
+
+
+# --- what a build venv sees -------------------------------------------------------------------
+
+
+def build_roots(dist: str, torch: TorchRef | None) -> list[str]:
+    """What a build venv is asked to install before the sdist's own ``[build-system]
+    requires`` are known: envbuild's extra build requirements and the locked torch."""
+    roots = list(EXTRA_REQUIRES.get(canonicalize_name(dist), []))
+    return [*roots, "torch"] if torch else roots
+
+
+def build_closure(lock: Lock, roots: Sequence[str], requires_of: RequiresOf) -> list[str]:
+    """The lock's pins (``name==version ; marker``) of ``roots`` and everything they depend on,
+    sorted: the locked packages a build venv holding ``roots`` installs, and so the only ones a
+    build can see. Dependencies come from each locked wheel's ``Requires-Dist`` (the lock does
+    not record them), markers evaluated for the lock's target; a name the lock does not hold is
+    not followed (uv resolves it at build time, under the lock's exclude-newer)."""
+    if not roots:
+        return []
+    built = frozenset(canonicalize_name(b.name) for b in lock.envbuild.builds)
+    wheels = {w.canonical: w for w in select_wheels(lock, skip=built)}
+    env = marker_env(lock.envbuild.python, lock.envbuild.platform)
+    seen: set[tuple[str, str]] = set()
+    todo = [(_requirement(r, "the build requirements"), "") for r in roots]
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({**env, "extra": extra}):
+            continue
+        name = canonicalize_name(req.name)
+        for wanted in ("", *sorted(req.extras)):
+            if (name, wanted) in seen or name not in wheels:
+                continue
+            seen.add((name, wanted))
+            wheel = wheels[name]
+            todo += [(_requirement(r, wheel.filename), wanted) for r in requires_of(wheel)]
+    names = {n for n, _ in seen}
+    return sorted(
+        f"{p.name}=={p.version}" + (f" ; {p.marker}" if p.marker else "")
+        for p in lock.packages
+        if canonicalize_name(p.name) in names
+    )
+
+
+def wheel_requires(wheel: WheelRef) -> list[str]:
+    """A locked wheel's ``Requires-Dist``, from its own METADATA: PEP 658's ``<url>.metadata``
+    when the index serves it, else the wheel itself (a ``file://`` URL, or downloaded), checked
+    against the lock's sha256 first. What came from an index is kept by the wheel's sha256 in
+    ``$XDG_CACHE_HOME/envbuild/wheel-metadata`` (a wheel's metadata never changes), so it is
+    read once per machine."""
+    url = urllib.parse.urlparse(wheel.url)
+    if url.scheme in ("file", ""):
+        return _requires(_zip_metadata(Path(urllib.request.url2pathname(url.path)), wheel), wheel)
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "envbuild"
+        / "wheel-metadata"
+        / f"{wheel.sha256}.metadata"
+    )
+    if cache.is_file():
+        return _requires(cache.read_bytes(), wheel)
+    data = _http(wheel.url + ".metadata", wheel, optional=True)
+    if data is None:
+        log.info("%s: the index serves no METADATA file; reading the wheel", wheel.filename)
+        with tempfile.TemporaryDirectory(prefix="envbuild-wheel-") as tmp:
+            path = Path(tmp) / wheel.filename
+            _http(wheel.url, wheel, into=path)
+            data = _zip_metadata(path, wheel)
+    with atomic_writer(cache) as f:
+        f.write(data)
+    return _requires(data, wheel)
+
+
+def _http(
+    url: str, wheel: WheelRef, *, optional: bool = False, into: Path | None = None
+) -> bytes | None:
+    """``url``'s body (streamed ``into`` a file when given: a wheel can be gigabytes); None for
+    an ``optional`` file the index does not have."""
+    from envbuild import __version__
+
+    request = urllib.request.Request(url, headers={"User-Agent": f"envbuild/{__version__}"})
+    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+    try:
+        with urllib.request.urlopen(request, timeout=120, context=context) as response:
+            if into is None:
+                data: bytes = response.read()
+                return data
+            with into.open("wb") as f:
+                shutil.copyfileobj(response, f, 1 << 20)
+            return b""
+    except urllib.error.HTTPError as exc:
+        if optional and 400 <= exc.code < 500:
+            return None
+        reason: object = f"HTTP {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+    raise EnvironmentFailure(
+        f"cannot read the dependencies of {wheel.filename} from {url}: {reason}",
+        hint="a source build's key holds the locked packages its build venv installs, found from "
+        "the locked wheels' METADATA; check the network (proxy, $SSL_CERT_FILE) and rerun",
+    )
+
+
+def _zip_metadata(path: Path, wheel: WheelRef) -> bytes:
+    if sha256_file(path) != wheel.sha256:
+        raise IntegrityError(
+            f"{wheel.filename}: sha256 {sha256_file(path)}, the lock promises {wheel.sha256}",
+            hint="the index serves other bytes than when the lock was made; relock",
+        )
+    name = canonicalize_name(wheel.name)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            member = next(
+                (
+                    n
+                    for n in zf.namelist()
+                    if n.count("/") == 1
+                    and n.endswith(".dist-info/METADATA")
+                    and canonicalize_name(n.split("-", 1)[0]) == name
+                ),
+                None,
+            )
+            if member is None:
+                raise EnvironmentFailure(f"{wheel.filename} has no .dist-info/METADATA")
+            return zf.read(member)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise EnvironmentFailure(f"{wheel.filename} is not a readable wheel: {exc}") from None
+
+
+def _requires(data: bytes, wheel: WheelRef) -> list[str]:
+    raw, _ = parse_email(data)
+    return [str(r) for r in raw.get("requires_dist", [])]
+
+
+def _requirement(text: str, whose: str) -> Requirement:
+    try:
+        return Requirement(text)
+    except InvalidRequirement as exc:
+        raise ManifestError(f"{whose}: bad requirement {text!r}: {exc}") from None
+
+
+def _memo(read: RequiresOf) -> RequiresOf:
+    done: dict[str, list[str]] = {}
+
+    def get(wheel: WheelRef) -> list[str]:
+        if wheel.sha256 not in done:
+            done[wheel.sha256] = read(wheel)
+        return done[wheel.sha256]
+
+    return get
 
 
 def patch_sets(loaded: LoadedSpec, lock: Lock) -> dict[str, list[tuple[Path, PatchRef]]]:
@@ -117,7 +304,7 @@ def patch_sets(loaded: LoadedSpec, lock: Lock) -> dict[str, list[tuple[Path, Pat
 def describe(loaded: LoadedSpec, lock: Lock) -> list[PlannedDerivation]:
     """The source builds and patches of a spec, before any is built."""
     out: list[PlannedDerivation] = []
-    for req in build_requests(loaded, lock):
+    for req in _requests(loaded, lock, None):  # no constraints: a plan reads no wheel
         env = req.build_env
         archs = ", ".join(sorted({r.arch.sass for r in requested_archs(env)})) or "none"
         flags = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
@@ -215,8 +402,9 @@ def add_wheel_for_spec(
             f"{loaded.display(loaded.path)} builds no {dist} from source",
             hint=f"it builds: {', '.join(sorted(loaded.spec.builds)) or 'nothing'}",
         )
+    check_wheel_file(req, wheel)  # before the builder: a builder container costs an image
     made = builder(loaded) if builder else HostBuilder(loaded.spec.python.version)
-    return add_wheel(req, made, store, wheel)
+    return add_wheel(req, made, store, wheel, checked=True)
 
 
 def stored_outputs(store: Store) -> list[StoredOutput]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from support.sdists import FIXTURES
+from support.wheels import make_wheel
 
 from envbuild.builder import HostBuilder
 from envbuild.lock import lock_path
@@ -128,3 +130,64 @@ def test_add_wheel_then_ls_and_path(
     res = cli("store", "add-wheel", spec, "flash-attn", wheel, "--store", here)
     assert res.exit_code == 2  # type: ignore[attr-defined]
     assert "builds no flash-attn from source" in res.stderr  # type: ignore[attr-defined]
+
+
+def _rezip(wheel: Path, out: Path, change: dict[str, bytes | None]) -> Path:
+    """``wheel``'s members copied to ``out``, some replaced (bytes) or left out (None)."""
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w") as dst:
+        for name in src.namelist():
+            data = change.get(name, src.read(name))
+            if data is not None:
+                dst.writestr(name, data)
+        for name, data in change.items():
+            if name not in src.namelist() and data is not None:
+                dst.writestr(name, data)
+    return out
+
+
+def test_add_wheel_refuses_a_wheel_that_cannot_work(
+    cli: Callable[..., object],
+    repo: Path,
+    tmp_path: Path,
+    sdists: Callable[[str], FileRef],
+    python_version: str,
+) -> None:
+    spec = _lock_fixture(repo, sdists("cext"), python_version)
+    store = tmp_path / "store"
+    good = make_wheel(tmp_path / "good", "fixture-cext", "1.0.0", {"fixture_cext/__init__.py": ""})
+    info = "fixture_cext-1.0.0.dist-info"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    no_info: dict[str, bytes | None] = {
+        f"{info}/{m}": None for m in ("METADATA", "WHEEL", "RECORD")
+    }
+    cases = {
+        # the wheel this check was written for: Python 2.7 on Windows, and no .dist-info at all
+        _rezip(good, bad / "fixture_cext-1.0.0-cp27-cp27m-win_amd64.whl", no_info): (
+            "is tagged cp27-cp27m-win_amd64: it cannot be installed on the target, CPython "
+            f"{python_version} on manylinux_2_36_x86_64"
+        ),
+        _rezip(good, bad / "fixture_cext-1.0.0-py3-none-any.whl", no_info): (
+            "has no .dist-info of fixture-cext 1.0.0 (found: none)"
+        ),
+    }
+    for wheel, message in cases.items():
+        res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store)
+        assert res.exit_code == 2, res.stderr  # type: ignore[attr-defined]
+        assert message in res.stderr, res.stderr  # type: ignore[attr-defined]
+        assert "Traceback" not in res.stderr  # type: ignore[attr-defined]
+    for change, message in [
+        ({"fixture_cext/__init__.py": b"x = 1\n"}, "fixture_cext/__init__.py: RECORD says "),
+        ({"fixture_cext/extra.py": b""}, "fixture_cext/extra.py: not in RECORD"),
+        ({"fixture_cext/__init__.py": None}, "__init__.py: in RECORD but not in the wheel"),
+        ({f"{info}/WHEEL": None}, f"{info} lacks WHEEL"),
+    ]:
+        wheel = _rezip(good, bad / good.name, change)
+        res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store)
+        assert res.exit_code == 2, res.stderr  # type: ignore[attr-defined]
+        assert message in res.stderr, res.stderr  # type: ignore[attr-defined]
+    assert not (store / "drvs").exists() or not list((store / "drvs").iterdir())
+
+    res = cli("store", "add-wheel", spec, "fixture-cext", good, "--store", store, "--json")
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    assert res.json()["origin"] == "added"  # type: ignore[attr-defined]

@@ -76,7 +76,7 @@ def test_c_extension_builds_once_and_the_flags_reach_gcc(
     second = realize(changed, builder, store)
     assert not second.reused and second.previous == first.key
     assert [c.model_dump() for c in second.changes] == [
-        {"key": "env.CEXT_GREETING", "old": "bonjour", "new": "salut"}
+        {"key": "env.CEXT_GREETING", "old": "bonjour", "new": "salut", "item": False}
     ]
     out = run_installed(store, second, tmp_path, "import fixture_cext as m; print(m.greeting())")
     assert out == "salut"
@@ -88,16 +88,22 @@ def test_cuda_kernel_audit_matches_the_requested_archs(
 ) -> None:
     builder = HostBuilder(python_version)
     targets = ["8.0", "12.0"]
+    pinned = {"MAX_JOBS": "3", "NVCC_THREADS": "2"}
     req = request(
         sdists("cudaext"),
         "fixture-cuda",
-        env={"FLASH_ATTN_CUDA_ARCHS": "80;120"},
+        env={"FLASH_ATTN_CUDA_ARCHS": "80;120", **pinned},
         target_ccs=targets,
     )
     first = realize(req, builder, store)
     assert (first.audit.sass, first.audit.ptx) == (["sm_80", "sm_120"], [])
+    assert first.max_jobs == 3
     log = build_log(store, first)
     assert "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_120,code=sm_120" in log
+    # the pinned flags reached the compile step: nvcc ran with --threads 2, under MAX_JOBS=3
+    (nvcc_line,) = [line for line in log.splitlines() if line.startswith("nvcc command")]
+    assert nvcc_line.startswith("nvcc command (MAX_JOBS=3): ")
+    assert " --threads 2 " in nvcc_line
     code = "import fixture_cuda as m; print(m.gencode())"
     assert run_installed(store, first, tmp_path, code) == (
         "-gencode arch=compute_80,code=sm_80 -gencode arch=compute_120,code=sm_120"
@@ -107,7 +113,7 @@ def test_cuda_kernel_audit_matches_the_requested_archs(
     wider = request(
         sdists("cudaext"),
         "fixture-cuda",
-        env={"FLASH_ATTN_CUDA_ARCHS": "80;90;120"},
+        env={"FLASH_ATTN_CUDA_ARCHS": "80;90;120", **pinned},
         target_ccs=targets,
     )
     second = realize(wider, builder, store)
@@ -120,7 +126,7 @@ def test_cuda_kernel_audit_matches_the_requested_archs(
     torch_style = request(
         sdists("cudaext"),
         "fixture-cuda",
-        env={"TORCH_CUDA_ARCH_LIST": "8.0;12.0+PTX"},
+        env={"TORCH_CUDA_ARCH_LIST": "8.0;12.0+PTX", **pinned},
         target_ccs=targets,
     )
     third = realize(torch_style, builder, store)

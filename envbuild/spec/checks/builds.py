@@ -1,5 +1,6 @@
-"""Checks of source builds: their flags, and whether their CUDA arch lists cover the target
-GPUs and hold only archs the toolkit can compile."""
+"""Checks of source builds: their flags (counts are positive whole numbers, for every build),
+and whether their CUDA arch lists cover the target GPUs and hold only archs the toolkit can
+compile."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import KeyPath, LoadedSpec
 
+#: Build flags that are counts for every build (envbuild.sourcebuild.INT_ENV, which refuses the
+#: same values when a build runs).
+INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
+
 
 def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
     spec = loaded.spec
@@ -23,6 +28,7 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
         key: KeyPath = ("builds", name)
         fact = kb.source_build(name, build.version)
         lists: list[tuple[KeyPath, str, list[archlist.Arch]]] = []
+        yield from _whole_numbers(loaded, key, build.env, fact)
         if fact is not None:
             yield from _known_build(loaded, key, name, build.env, fact)
             if fact.arch_env:
@@ -104,8 +110,14 @@ def _known_build(
             "downloads a prebuilt wheel from GitHub instead of building from source",
             f'set env.{fact.force_build_env} = "{fact.force_build_value}"',
         )
-    for var in fact.int_env:
-        if var in env and not re.fullmatch(r"[1-9]\d*", env[var]):
+
+
+def _whole_numbers(
+    loaded: LoadedSpec, key: KeyPath, env: dict[str, str], fact: kb.SourceBuildFact | None
+) -> Iterator[Problem]:
+    """MAX_JOBS and NVCC_THREADS (and what the knowledge base adds) of any build are counts."""
+    for var in dict.fromkeys([*INT_ENV, *(fact.int_env if fact else [])]):
+        if var in env and not re.fullmatch(r"[1-9][0-9]*", env[var]):
             yield loaded.problem(
                 (*key, "env", var),
                 f"{var} must be a positive whole number, not {env[var]!r}",

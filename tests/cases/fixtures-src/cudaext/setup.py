@@ -68,7 +68,10 @@ class NvccBuildExt(build_ext):
             str(out),
             *ext.sources,
         ]
-        print("nvcc command: " + shlex.join(cmd), flush=True)
+        # MAX_JOBS is what torch's cpp_extension gives ninja; one kernel needs one job, but the
+        # log shows the value the compile step ran with
+        jobs = os.environ.get("MAX_JOBS", "unset")
+        print(f"nvcc command (MAX_JOBS={jobs}): " + shlex.join(cmd), flush=True)
         subprocess.check_call(cmd)
 
 
