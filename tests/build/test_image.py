@@ -99,25 +99,41 @@ def test_the_build_writes_layout_archive_and_manifest(quickstart: Built) -> None
     assert m["spec_hash"] == load_spec(SPEC).spec_hash()
 
 
-def test_two_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) -> None:
-    """Another store, later, with umask 077, TZ=Asia/Tokyo, another HOME and cwd."""
+def somewhere_else(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """Another working folder and environment: TZ=Asia/Tokyo, another HOME, the C locale, no
+    ENVBUILD_STORE (a build's output must depend on none of them)."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "TZ": "Asia/Tokyo", "HOME": str(elsewhere), "LC_ALL": "C"}
     env.pop("ENVBUILD_STORE", None)
     env["PYTHONPATH"] = str(REPO)
+    return elsewhere, env
+
+
+def same_outputs(a: Built, b: Built) -> None:
+    """Every blob of the two OCI layouts and the two docker archives, byte for byte."""
+    blobs_a = sorted(p.name for p in (a.output / "oci/blobs/sha256").iterdir())
+    blobs_b = sorted(p.name for p in (b.output / "oci/blobs/sha256").iterdir())
+    assert blobs_a == blobs_b
+    for name in blobs_a:
+        assert (a.output / "oci/blobs/sha256" / name).read_bytes() == (
+            b.output / "oci/blobs/sha256" / name
+        ).read_bytes()
+    assert (a.output / "docker-archive.tar").read_bytes() == (
+        b.output / "docker-archive.tar"
+    ).read_bytes()
+
+
+def test_two_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) -> None:
+    """Another store, later, with umask 077, TZ=Asia/Tokyo, another HOME and cwd."""
+    elsewhere, env = somewhere_else(tmp_path)
     second = build_into(
         tmp_path / "store-b", tmp_path / "out-b", cwd=elsewhere, env=env, umask="077"
     )
     assert second.manifest["image"] == quickstart.manifest["image"]
     assert layer_digests(second.manifest) == layer_digests(quickstart.manifest)
     assert second.manifest == quickstart.manifest
-    blobs_a = sorted(p.name for p in (quickstart.output / "oci/blobs/sha256").iterdir())
-    blobs_b = sorted(p.name for p in (second.output / "oci/blobs/sha256").iterdir())
-    assert blobs_a == blobs_b
-    assert (quickstart.output / "docker-archive.tar").read_bytes() == (
-        second.output / "docker-archive.tar"
-    ).read_bytes()
+    same_outputs(quickstart, second)
 
 
 def _zstd_project(quickstart: Built, top: Path) -> Path:
@@ -167,11 +183,7 @@ def test_two_zstd_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: P
     spec = _zstd_project(quickstart, tmp_path / "project")
     zstd = ("--compression", "zstd")
     first = build_into(tmp_path / "store-c", tmp_path / "out-c", spec=spec, compression=zstd)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = {**os.environ, "TZ": "Asia/Tokyo", "HOME": str(elsewhere), "LC_ALL": "C"}
-    env.pop("ENVBUILD_STORE", None)
-    env["PYTHONPATH"] = str(REPO)
+    elsewhere, env = somewhere_else(tmp_path)
     second = build_into(
         tmp_path / "store-d", tmp_path / "out-d", spec=spec, compression=zstd, cwd=elsewhere,
         env=env, umask="077",
@@ -185,16 +197,7 @@ def test_two_zstd_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: P
     zs = {x["name"]: x["diff_id"] for x in first.manifest["layers"] if x["kind"] != "base"}
     assert zs == gz
     assert layer_digests(first.manifest) != layer_digests(quickstart.manifest)
-    blobs_c = sorted(p.name for p in (first.output / "oci/blobs/sha256").iterdir())
-    blobs_d = sorted(p.name for p in (second.output / "oci/blobs/sha256").iterdir())
-    assert blobs_c == blobs_d
-    for name in blobs_c:
-        assert (first.output / "oci/blobs/sha256" / name).read_bytes() == (
-            second.output / "oci/blobs/sha256" / name
-        ).read_bytes()
-    assert (first.output / "docker-archive.tar").read_bytes() == (
-        second.output / "docker-archive.tar"
-    ).read_bytes()
+    same_outputs(first, second)
 
 
 def test_a_no_op_rebuild_repacks_nothing(quickstart: Built, cli: Callable[..., CliResult]) -> None:
