@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="check sizes, and hash only files newer than their install (seconds)",
+        help="check sizes, and hash only files newer than their install, and no model blobs "
+        "(seconds)",
     )
     p.add_argument("--spec", metavar="SPEC", help="record the spec (and lock) this was built from")
     p.add_argument("--image", metavar="DIR", help="record an image folder's build manifest")

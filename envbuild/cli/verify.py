@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="check sizes, and hash only files newer than their install",
+        help="check sizes, and hash only files newer than their install, and no model blobs "
+        "(seconds)",
     )
     render.add_json_flag(p)
     p.set_defaults(func=run)
