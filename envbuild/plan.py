@@ -169,7 +169,7 @@ def _platforms(platform: str) -> list[str]:
     return [platform]
 
 
-def _marker_env(python_version: str, platform: str) -> dict[str, str]:
+def marker_env(python_version: str, platform: str) -> dict[str, str]:
     arch = "aarch64" if platform.endswith("aarch64") else "x86_64"
     return {
         "python_version": python_version,
@@ -191,7 +191,7 @@ def select_wheels(lock: Lock, *, skip: frozenset[str] = frozenset()) -> list[Whe
     """
     meta = lock.envbuild
     tags = {t: i for i, t in enumerate(target_tags(meta.python, meta.platform))}
-    env = _marker_env(meta.python, meta.platform)
+    env = marker_env(meta.python, meta.platform)
     out: list[WheelRef] = []
     for pkg in sorted(lock.packages, key=lambda p: p.name):
         name = canonicalize_name(pkg.name)

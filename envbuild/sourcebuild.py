@@ -61,6 +61,7 @@ from envbuild.errors import (
 from envbuild.fsio import sha256_file
 from envbuild.patches import verify_record
 from envbuild.plan import target_tags
+from envbuild.spec.checks.builds import INT_ENV, is_count
 from envbuild.store import Derivation, Output, Store, derivation_key
 from envbuild.toolchain import choose_max_jobs, requested_archs, unsupported
 
@@ -77,10 +78,6 @@ EXTRA_REQUIRES: dict[str, list[str]] = {
 #: The PEP 517 fallback when an sdist declares no build system (setuptools < 70.1 needs wheel).
 DEFAULT_REQUIRES = ["setuptools>=40.8.0", "wheel"]
 LOG_TAIL = 40
-#: Build flags that must be positive whole numbers, for every build (``envbuild validate``
-#: says the same at the spec's line: envbuild/spec/checks/builds.py).
-INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
-_POSITIVE = re.compile(r"[1-9][0-9]*")
 
 
 class _Model(BaseModel):
@@ -313,7 +310,7 @@ def int_flags(req: SourceBuildRequest) -> dict[str, int]:
     for var in INT_ENV:
         if var not in env:
             continue
-        if not _POSITIVE.fullmatch(env[var]):
+        if not is_count(env[var]):
             raise UserError(
                 f"{req.where or req.dist}: builds.{req.dist}.env.{var} must be a positive whole "
                 f"number, not {env[var]!r}",

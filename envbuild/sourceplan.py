@@ -40,8 +40,7 @@ from envbuild.install import WheelRef
 from envbuild.lock.model import Lock
 from envbuild.patches import KIND as PATCH_KIND
 from envbuild.patches import PatchRef, patch_inputs, patched_version
-from envbuild.plan import PlannedDerivation, select_wheels
-from envbuild.plan import _marker_env as marker_env
+from envbuild.plan import PlannedDerivation, marker_env, select_wheels
 from envbuild.sourcebuild import (
     EXTRA_REQUIRES,
     BuildResult,

@@ -128,7 +128,7 @@ def apply(
         # patched wheels.) If it is the current one and its unit runs, nothing will stop.
         found = _reusable(host, inp)
         keep: frozenset[str] = frozenset()
-        drift: list[str] = []
+        drift: list[str] | None = None  # of the current generation's service, once looked at
         if (
             found is not None
             and found.generation is not None
@@ -175,8 +175,8 @@ def apply(
         if spec.model is not None:
             outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
         target = realised.generation
-        if current is not None and current.number == target.number and not drift:
-            drift = _service_drift(paths, current, spec)  # a rebuilt generation: check anew
+        if drift is None and current is not None and current.number == target.number:
+            drift = _service_drift(paths, current, spec)  # known only now that it is built
         if (
             current is not None
             and current.number == target.number
@@ -188,7 +188,7 @@ def apply(
                 "generation %d is already current and running: nothing to switch", target.number
             )
         else:
-            for problem in drift:
+            for problem in drift or []:
                 log.warning("generation %d is current, but %s: switching again", target.number,
                             problem)  # fmt: skip
             stop = set(report.stop_units)

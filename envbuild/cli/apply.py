@@ -21,6 +21,7 @@ from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
+from envbuild.registry import get_transport
 
 
 def add_root_flags(p: argparse.ArgumentParser) -> None:
@@ -92,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give the SPEC or SNAPSHOT to apply (or --recover)")
     host = hostmod.real_host(Path(args.root), args.hf_home)
     if args.cache and isinstance(host.wheels, StoreWheels):
-        from envbuild.registry import get_transport
-
         cached = store_with_cache(
             host.wheels.store, args, endpoint_from_args(args), get_transport(args.transport)
         )

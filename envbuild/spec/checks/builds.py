@@ -15,9 +15,14 @@ from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import KeyPath, LoadedSpec
 
-#: Build flags that are counts for every build (envbuild.sourcebuild.INT_ENV, which refuses the
-#: same values when a build runs).
+#: Build flags that are counts for every build (envbuild.sourcebuild refuses the same values
+#: when a build runs).
 INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
+
+
+def is_count(value: str) -> bool:
+    """A positive whole number, written plainly (``8``, not ``08``, ``+8`` or ``8.0``)."""
+    return re.fullmatch(r"[1-9][0-9]*", value) is not None
 
 
 def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
@@ -117,7 +122,7 @@ def _whole_numbers(
 ) -> Iterator[Problem]:
     """MAX_JOBS and NVCC_THREADS (and what the knowledge base adds) of any build are counts."""
     for var in dict.fromkeys([*INT_ENV, *(fact.int_env if fact else [])]):
-        if var in env and not re.fullmatch(r"[1-9][0-9]*", env[var]):
+        if var in env and not is_count(env[var]):
             yield loaded.problem(
                 (*key, "env", var),
                 f"{var} must be a positive whole number, not {env[var]!r}",
