@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from envbuild import __version__
 from envbuild.errors import EnvironmentFailure, IntegrityError
@@ -109,10 +110,16 @@ def _context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
 
 
+def open_url(url: str, *, timeout: float = 60) -> Any:
+    """A response for ``url`` as envbuild asks for files of an index: its User-Agent, and TLS
+    that trusts ``$SSL_CERT_FILE`` (a proxy's CA) when set. Raises what ``urlopen`` raises."""
+    request = urllib.request.Request(url, headers={"User-Agent": f"envbuild/{__version__}"})
+    return urllib.request.urlopen(request, timeout=timeout, context=_context())
+
+
 def _download(wheel: WheelRef, store: Store, dest: Path, advance: Callable[[int], None]) -> Path:
-    request = urllib.request.Request(wheel.url, headers={"User-Agent": f"envbuild/{__version__}"})
     try:
-        response = urllib.request.urlopen(request, timeout=60, context=_context())
+        response = open_url(wheel.url)
     except urllib.error.HTTPError as exc:
         if exc.code >= 500 or exc.code == 429:
             raise _Transient(f"HTTP {exc.code} {exc.reason}", 0) from None

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import ssl
 import tempfile
 import urllib.error
 import urllib.parse
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envbuild.audit import Audit
 from envbuild.builder import Builder, HostBuilder
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError, UsageError
+from envbuild.fetch import open_url
 from envbuild.fsio import atomic_writer, sha256_file
 from envbuild.install import WheelRef
 from envbuild.lock.model import Lock
@@ -211,12 +211,8 @@ def _http(
 ) -> bytes | None:
     """``url``'s body (streamed ``into`` a file when given: a wheel can be gigabytes); None for
     an ``optional`` file the index does not have."""
-    from envbuild import __version__
-
-    request = urllib.request.Request(url, headers={"User-Agent": f"envbuild/{__version__}"})
-    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
     try:
-        with urllib.request.urlopen(request, timeout=120, context=context) as response:
+        with open_url(url, timeout=120) as response:
             if into is None:
                 data: bytes = response.read()
                 return data

@@ -4,6 +4,7 @@ a subclass of :class:`Builder` that records each job and returns a ready wheel."
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 from collections.abc import Callable
@@ -264,3 +265,45 @@ def test_flags_that_are_not_counts_are_the_specs_mistake(
     assert err.value.message == f"specs/x.toml:7: builds.fixture-cext.env.{shown}"
     assert err.value.hint and err.value.hint.startswith(f'write it like {var} = "8"')
     assert builder.jobs == [] and store_state(store) == before
+
+
+def test_dependencies_come_over_http_once_then_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel on an index that serves no PEP 658 ``.metadata`` file: the wheel itself is
+    fetched (checked against the lock's sha256) and its METADATA kept, so the next look needs
+    no index at all. A wheel whose bytes are not the locked ones is refused."""
+    from support import pyindex
+
+    from envbuild.errors import IntegrityError
+    from envbuild.install import WheelRef
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tmp_path / "index"
+    (root / "files").mkdir(parents=True)
+    wheel = make_wheel(root / "files", "sympy", "1.14.0", {}, requires=("mpmath<1.4,>=1.1.0",))
+    data = wheel.read_bytes()
+    with pyindex.serve(root) as url:
+        ref = WheelRef(
+            name="sympy", version="1.14.0", filename=wheel.name, url=f"{url}/files/{wheel.name}",
+            sha256=hashlib.sha256(data).hexdigest(), size=len(data),
+        )  # fmt: skip
+        assert wheel_requires(ref) == ["mpmath<1.4,>=1.1.0"]
+        lying = dataclasses.replace(ref, sha256="0" * 64)
+        with pytest.raises(IntegrityError, match="the lock promises"):
+            wheel_requires(lying)
+        # an index that serves PEP 658's file: that is read, not the wheel
+        other = make_wheel(root / "files", "filelock", "3.20.0", {})
+        (root / "files" / f"{other.name}.metadata").write_text(
+            "Metadata-Version: 2.1\nName: filelock\nVersion: 3.20.0\nRequires-Dist: served\n"
+        )
+        blob = other.read_bytes()
+        served = WheelRef(
+            name="filelock", version="3.20.0", filename=other.name,
+            url=f"{url}/files/{other.name}", sha256=hashlib.sha256(blob).hexdigest(),
+            size=len(blob),
+        )  # fmt: skip
+        assert wheel_requires(served) == ["served"]
+    assert wheel_requires(ref) == ["mpmath<1.4,>=1.1.0"]  # the server is gone: from the cache
+    kept = sorted(p.name for p in (tmp_path / "cache" / "envbuild" / "wheel-metadata").iterdir())
+    assert kept == sorted(f"{r.sha256}.metadata" for r in (ref, served))
