@@ -41,6 +41,8 @@ DEFAULT_WORKERS: int | None = None
 #: "auto" (processes for big jobs), "threads" or "processes".
 ENGINE = "auto"
 PROCESS_MIN_BYTES = 256 << 20
+#: Stat-only looks fork for this many files or more (a stat costs ~5 µs).
+PROCESS_MIN_FILES = 20_000
 
 
 class FileHash(NamedTuple):
@@ -132,27 +134,39 @@ def _hash_batch(batch: list[str], buffer: bytearray | None = None) -> list[FileH
     return [hash_one(p, buffer) for p in batch]
 
 
-def _use_processes(workers: int, total: int) -> bool:
+def _stat_batch(batch: list[str], buffer: bytearray | None = None) -> list[FileHash]:
+    return [stat_one(p) for p in batch]
+
+
+Look = Callable[[list[str], "bytearray | None"], list[FileHash]]
+
+
+def _use_processes(workers: int, total: int, files: int = 0, *, stat_only: bool = False) -> bool:
     forkable = threading.active_count() == 1 and hasattr(os, "fork")
-    wanted = ENGINE == "processes" or (ENGINE == "auto" and total >= PROCESS_MIN_BYTES)
+    big = files >= PROCESS_MIN_FILES if stat_only else total >= PROCESS_MIN_BYTES
+    wanted = ENGINE == "processes" or (ENGINE == "auto" and big)
     return workers > 1 and wanted and forkable
 
 
-def _worker(batches: list[list[str]], tickets: int, out: IO[bytes]) -> None:
+def _worker(batches: list[list[str]], tickets: int, out: IO[bytes], look: Look) -> None:
     """In a forked child: take batch numbers from the ``tickets`` pipe until it is empty, and
-    pickle what it found into ``out`` as plain tuples (unpickling a NamedTuple calls its
-    Python ``__new__`` once per file, in the one process that does not scale)."""
-    done: list[list[tuple[object, ...]]] = []
+    pickle what it found into ``out``: per batch its number and, for each path in order, the
+    fields after the path (the parent has the paths: not pickling them back halves what the
+    one process that does not scale has to unpickle)."""
+    done: list[tuple[int, list[tuple[object, ...]]]] = []
     buffer = bytearray(BIG + 1)
     while len(ticket := os.read(tickets, 4)) == 4:  # a pipe read of 4 bytes is atomic
         (number,) = struct.unpack("=I", ticket)
-        done.append([tuple(fh) for fh in _hash_batch(batches[number], buffer)])
+        done.append((number, [fh[1:] for fh in look(batches[number], buffer)]))
     pickle.dump(done, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 
 
 def _in_processes(
-    batches: list[list[str]], workers: int, meanwhile: Callable[[], object] | None
+    batches: list[list[str]],
+    workers: int,
+    meanwhile: Callable[[], object] | None,
+    look: Look = _hash_batch,
 ) -> dict[str, FileHash]:
     """Hash ``batches`` (in this order, each taken by the first free worker) in ``workers``
     forked children. The children inherit the batches (nothing is pickled on the way in),
@@ -177,7 +191,7 @@ def _in_processes(
             if pid == 0:  # the child: never returns
                 code = 1
                 try:
-                    _worker(batches, tickets, outs[-1])
+                    _worker(batches, tickets, outs[-1], look)
                     code = 0
                 finally:
                     os._exit(code)
@@ -189,11 +203,15 @@ def _in_processes(
         if failed:
             raise OSError(f"{len(failed)} hashing worker(s) failed")
         results: dict[str, FileHash] = {}
-        make = FileHash._make
+        make = tuple.__new__  # FileHash._make, without its per-call checks
         for left in outs:
             left.seek(0)
-            for hashed in pickle.load(left):
-                results.update((fields[0], make(fields)) for fields in hashed)
+            for number, found in pickle.load(left):
+                paths = batches[number]
+                results.update(
+                    (path, make(FileHash, (path, *fields)))
+                    for path, fields in zip(paths, found, strict=True)
+                )
         return results
     finally:
         for pid in children:  # only after an error here
@@ -212,18 +230,23 @@ def hash_files(
     workers: int | None = None,
     hasher: Callable[[str], FileHash] | None = None,
     meanwhile: Callable[[], object] | None = None,
+    stat_only: bool = False,
 ) -> dict[str, FileHash]:
     """sha256 of each ``(path, expected_size)``; the size only orders the work. ``meanwhile``
-    runs in this process while the workers hash (other work that needs no hash)."""
+    runs in this process while the workers hash (other work that needs no hash). ``stat_only``
+    looks at sizes and mtimes only (:func:`stat_one`); ``hasher`` replaces the look at one file
+    (tests), in threads."""
     listed = list(items)
     batches = _batches(listed)
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
-    if hasher is None and _use_processes(workers, sum(size for _, size in listed)):
-        return _in_processes(batches, workers, meanwhile)
+    look: Look = _stat_batch if stat_only else _hash_batch
+    total = sum(size for _, size in listed)
+    if hasher is None and _use_processes(workers, total, len(listed), stat_only=stat_only):
+        return _in_processes(batches, workers, meanwhile, look)
     results: dict[str, FileHash] = {}
     with ThreadPoolExecutor(max_workers=workers) as threads:
         if hasher is None:
-            pending = threads.map(_hash_batch, batches)  # submits everything now
+            pending = threads.map(look, batches)  # submits everything now
         else:
             one = hasher
             pending = threads.map(lambda b: [one(p) for p in b], batches)

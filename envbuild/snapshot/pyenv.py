@@ -36,7 +36,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
-from envbuild.snapshot.hashing import FileHash, hash_files, stat_one
+from envbuild.snapshot.hashing import FileHash, hash_files
 from envbuild.snapshot.model import Distribution, ModifiedFile, Overlap, PythonEnv
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
@@ -144,10 +144,13 @@ def _skipped(rel: str) -> bool:
     return "__pycache__" in rel.replace("\\", "/").split("/")
 
 
-def _b64_digest(value: str) -> str | None:
-    """RECORD's ``sha256=<urlsafe base64, no padding>``, as the base64 text (None: no sha256)."""
-    algo, _, digest = value.partition("=")
-    return digest.rstrip("=") or None if algo == "sha256" else None
+def _rows(text: str) -> Iterable[list[str]]:
+    """RECORD's CSV rows (empty lines dropped). A RECORD without quotes or carriage returns,
+    which is nearly every one, is split directly: the csv module would give the same fields
+    (a path with a comma is quoted) at several times the cost, paid for every file."""
+    if '"' in text or "\r" in text:
+        return [row for row in csv.reader(io.StringIO(text)) if row]
+    return [line.split(",") for line in text.split("\n") if line]
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -234,11 +237,9 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
     dist.record_sha256 = hashlib.sha256(raw).hexdigest()
     prefix = site + os.sep
     append = dist.entries.append
-    for row in csv.reader(io.StringIO(raw.decode("utf-8", errors="replace"))):
-        if not row or not row[0]:
-            continue
+    for row in _rows(raw.decode("utf-8", errors="replace")):
         rel = row[0]
-        if "__pycache__" in rel and _skipped(rel):
+        if not rel or ("__pycache__" in rel and _skipped(rel)):
             continue
         if rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel:
             abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
@@ -246,7 +247,8 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
         else:
             abs_path, shown = prefix + rel, rel
         n = len(row)
-        digest = _b64_digest(row[1]) if n > 1 and row[1] else None
+        hashed = row[1] if n > 1 else ""
+        digest = hashed[7:].rstrip("=") or None if hashed.startswith("sha256=") else None
         size = int(row[2]) if n > 2 and row[2].isdigit() else None
         append(_Entry(abs_path, shown, digest, size))
     return dist
@@ -280,8 +282,8 @@ def _check_files(
             paths.setdefault(e.abs, e.size or 0)
     if mode == "full":
         return hash_files(paths.items(), meanwhile=meanwhile)
-    # stat in threads (the syscalls drop the GIL) while this thread walks site-packages
-    seen = hash_files(((p, 0) for p in paths), hasher=stat_one, meanwhile=meanwhile)
+    # stat in forked workers (or threads, for few files) while this process walks site-packages
+    seen = hash_files(((p, 0) for p in paths), stat_only=True, meanwhile=meanwhile)
     newer: dict[str, int] = {}
     for dist in dists:
         for e in dist.entries:

@@ -41,7 +41,9 @@ def tree(tmp_path: Path) -> dict[str, int]:
     return items
 
 
-def check(results: dict[str, hashing.FileHash], items: dict[str, int], root: Path) -> None:
+def check(
+    results: dict[str, hashing.FileHash], items: dict[str, int], root: Path, *, hashed: bool = True
+) -> None:
     assert set(results) == set(items)
     for path, fh in results.items():
         assert fh.path == path
@@ -51,7 +53,7 @@ def check(results: dict[str, hashing.FileHash], items: dict[str, int], root: Pat
             assert fh.digest is None and fh.missing and fh.error
         else:
             data = Path(path).read_bytes()
-            expected = (hashlib.sha256(data).digest(), len(data), None)
+            expected = (hashlib.sha256(data).digest() if hashed else None, len(data), None)
             assert (fh.digest, fh.size, fh.error) == expected
             assert fh.mtime_ns == os.stat(path).st_mtime_ns
 
@@ -75,7 +77,9 @@ if sys.argv[1] == "broken":
         print(json.dumps({"error": str(exc)}))
     sys.exit(0)
 calls = []
-results = hashing.hash_files(items.items(), workers=3, meanwhile=lambda: calls.append(1))
+results = hashing.hash_files(
+    items.items(), workers=3, meanwhile=lambda: calls.append(1), stat_only=sys.argv[1] == "stat"
+)
 out = {p: [fh.size, fh.digest.hex() if fh.digest else None, fh.error, fh.missing, fh.mtime_ns]
        for p, fh in results.items()}
 print(json.dumps({"calls": calls, "results": out}))
@@ -104,6 +108,27 @@ def test_the_process_engine_agrees_with_hashlib(tree: dict[str, int], tmp_path: 
         for path, (size, hex_, err, gone, mt) in got["results"].items()
     }
     check(results, tree, tmp_path)
+
+
+def test_the_process_engine_stats_without_hashing(tree: dict[str, int], tmp_path: Path) -> None:
+    """The quick check's look: sizes and mtimes from forked workers, no digest, the same errors."""
+    got = in_fresh_process("stat", tree)
+    assert got["calls"] == [1]
+    results = {
+        path: hashing.FileHash(path, size, bytes.fromhex(hex_) if hex_ else None, err, gone, mt)
+        for path, (size, hex_, err, gone, mt) in got["results"].items()
+    }
+    check(results, tree, tmp_path, hashed=False)
+
+
+def test_stat_only_forks_for_many_files_not_many_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing.threading, "active_count", lambda: 1)  # the threshold, not fork
+    many = hashing.PROCESS_MIN_FILES
+    assert hashing.ENGINE == "auto"
+    assert hashing._use_processes(2, 0, many, stat_only=True)
+    assert hashing._use_processes(2, hashing.PROCESS_MIN_BYTES, 0)
+    assert not hashing._use_processes(2, 1 << 40, many - 1, stat_only=True)
+    assert not hashing._use_processes(2, hashing.PROCESS_MIN_BYTES - 1, many)
 
 
 def test_the_thread_engine_agrees_with_hashlib(

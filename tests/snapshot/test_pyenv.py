@@ -3,12 +3,14 @@ additions and overlapping paths, in full and quick mode."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from envbuild.snapshot.model import PythonEnv
-from envbuild.snapshot.pyenv import scan_env
+from envbuild.snapshot.pyenv import Interpreter, scan_env, scan_site_packages
 from snapshot.conftest import later, site_packages
 
 
@@ -133,3 +135,34 @@ def test_packages_from_pypi_by_pip_and_uv(tmp_path: Path) -> None:
     target = site_packages(venv) / "six.py"
     target.write_text(target.read_text() + "\nprint('debug')\n")
     assert [m.path for m in dist(scan_env(str(venv)), "six").modified] == ["six.py"]
+
+
+def test_every_record_style_is_read_alike(tmp_path: Path) -> None:
+    """RECORDs are split without the csv module when they hold no quote or carriage return;
+    quoted paths (a comma in the name) and CRLF line ends still go through csv. All three give
+    the same entries, and a wrong sha256 is caught in each."""
+    site = tmp_path / "site-packages"
+    second = {"plain": "ab.py", "quoted": "a,b.py", "crlf": "a,b.py"}  # the "modified" file
+    for name, other in second.items():
+        end = "\r\n" if name == "crlf" else "\n"
+        (site / name).mkdir(parents=True)
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+        lines = []
+        for rel, data in ((f"{name}/__init__.py", b"x = 1\n"), (f"{name}/{other}", b"y = 2\n")):
+            (site / rel).write_bytes(data)
+            b64 = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            lines.append(f'"{rel}"' if "," in rel else rel)
+            lines[-1] += f",sha256={b64},{len(data)}"
+        lines[1] = lines[1].replace("sha256=", "sha256=AAAA")
+        lines += [f"{name}-1.0.dist-info/METADATA,,", f"{name}-1.0.dist-info/RECORD,,"]
+        (info / "RECORD").write_bytes((end.join(lines) + end).encode())
+    interp = Interpreter("py", "py", str(tmp_path), "3.11.0", "cpython", [str(site)])
+    env = scan_site_packages(interp, "full")
+    assert [d.name for d in env.distributions] == ["crlf", "plain", "quoted"]
+    for d in env.distributions:
+        assert (d.files, d.missing, d.unrecorded) == (4, [], []), d.name
+        assert [(m.path, m.reason) for m in d.modified] == [
+            (f"{d.name}/{second[d.name]}", "sha256")
+        ]
