@@ -394,7 +394,7 @@ class _Lower:
     leaves: dict[str, frozenset[str]]
     target: VenvTarget
     compression: layers.Compression
-    base: BaseResult
+    base: BaseResult = field(init=False)  # set once the base's thread is done
     built: dict[str, BuiltLayer] = field(default_factory=dict)
     kept: list[str] = field(default_factory=list)
 
@@ -407,32 +407,44 @@ def _lower(
     progress: Progress,
     result: BuildResult,
 ) -> _Lower:
-    """fetch, base and the layers whose key the plan knows (everything but the provisional)."""
+    """fetch, base and the layers whose key the plan knows (everything but the provisional).
+
+    The base is made in a thread of its own while the wheels are fetched and the Python layers
+    installed and packed: neither needs the other (a layer holds the venv's files, not the
+    base's), and mmdebstrap spends most of its time in one process (dpkg and maintainer
+    scripts), so on two cores the layers take the other."""
     timings = result.timings
     kept: list[str] = []
     target, comp = _target(plan), _compression(plan)
     lower = [layer for layer in plan.layers if not layer.provisional]
     wheels = _wheel_refs(lock, plan)
-    with stage("fetch", timings):
-        todo = [layer for layer in lower if not store.available(layer.key)]
-        needed = {d.sha256 for layer in todo for d in layer.dists}
-        blobs = fetch_wheels([w for w in wheels if w.sha256 in needed], store, progress=progress)
-        overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
-    with stage("base", timings):
-        base = _base_stage(loaded, lock, store, comp, progress, kept)
-    low = _Lower(
-        wheels=wheels,
-        by_sha={w.sha256: w for w in wheels},
-        blobs=blobs,
-        overlaps=overlaps,
-        leaves=leaves,
-        target=target,
-        compression=comp,
-        base=base,
-        kept=kept,
-    )
-    with stage("layers", timings):
-        _layers(lower, store, low, progress, result)
+
+    def base_stage() -> BaseResult:
+        with stage("base", timings):
+            return _base_stage(loaded, lock, store, comp, progress, kept)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="envbuild-base") as side:
+        base = side.submit(base_stage)
+        with stage("fetch", timings):
+            todo = [layer for layer in lower if not store.available(layer.key)]
+            needed = {d.sha256 for layer in todo for d in layer.dists}
+            blobs = fetch_wheels(
+                [w for w in wheels if w.sha256 in needed], store, progress=progress
+            )
+            overlaps, leaves = _overlaps(loaded, wheels, store, target, progress, kept)
+        low = _Lower(
+            wheels=wheels,
+            by_sha={w.sha256: w for w in wheels},
+            blobs=blobs,
+            overlaps=overlaps,
+            leaves=leaves,
+            target=target,
+            compression=comp,
+            kept=kept,
+        )
+        with stage("layers", timings):
+            _layers(lower, store, low, progress, result)
+        low.base = base.result()
     return low
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from envbuild.base import debian, registry, rootfs
 from envbuild.base.tarsafe import UnsafeArchive, safe_extract
-from envbuild.errors import IntegrityError, ToolFailed
+from envbuild.errors import IntegrityError, ToolFailed, UsageError
 from envbuild.image import History, ImageConfig, write_image, write_oci_layout
 from envbuild.layers import (
     Compression,
@@ -299,16 +299,48 @@ def registry_pull(store: Store, pin: ImageBaseLock):
 
 
 @pytest.mark.slow
-def test_the_debian_base_is_reproducible_bit_for_bit(tmp_path, debian_rootfs: DebianRootfs):
-    """The pinned set built again, into another store, at another time, with another umask:
-    the same layer digest as the resolving run."""
+def test_the_debian_base_is_reproducible_bit_for_bit(
+    tmp_path, debian_rootfs: DebianRootfs, monkeypatch: pytest.MonkeyPatch
+):
+    """The pinned set built again, into another store, at another time, with another umask,
+    its chroot on another file system (the resolving run's went to /dev/shm where it could):
+    the same layer digest as the resolving run, and the chroot's folder is gone after."""
+    chroots = tmp_path / "chroots"
+    chroots.mkdir()
+    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(chroots))
     old = os.umask(0o077)
     try:
         again = debian.build(Store(tmp_path / "other"), debian_rootfs.spec, debian_rootfs.lock)
     finally:
         os.umask(old)
+    assert list(chroots.iterdir()) == []
     assert again.layers[0].digest == debian_rootfs.base.layers[0].digest
     assert again.key == debian_rootfs.base.key
     names = {p.name for p in debian_rootfs.lock.packages}
     assert {"python3-minimal", "base-files", "dpkg"} <= names
     assert all(len(p.sha256) == 64 for p in debian_rootfs.lock.packages)
+
+
+def test_the_chroot_goes_where_it_can(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mmdebstrap's chroot: a fresh folder under ENVBUILD_CHROOT_DIR, or on /dev/shm when that
+    has room and is not noexec/nodev, else the build's own work folder; a chosen folder that
+    cannot be used is a usage error, not a traceback."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.delenv("ENVBUILD_CHROOT_DIR", raising=False)
+    monkeypatch.setattr(debian, "SHM", tmp_path)  # a disk folder with room
+    monkeypatch.setattr(debian, "SHM_MIN_FREE", 1)
+    got = debian._chroot_parent(work)
+    assert got.parent == tmp_path and got.name.startswith("envbuild-chroot-")
+    monkeypatch.setattr(debian, "SHM_MIN_FREE", 1 << 62)  # no room
+    assert debian._chroot_parent(work) == work
+    monkeypatch.setattr(debian, "SHM", tmp_path / "absent")
+    assert debian._chroot_parent(work) == work
+
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(chosen))
+    assert debian._chroot_parent(work).parent == chosen
+    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(tmp_path / "no" / "such"))
+    with pytest.raises(UsageError, match="ENVBUILD_CHROOT_DIR"):
+        debian._chroot_parent(work)
