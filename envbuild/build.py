@@ -22,14 +22,14 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuild import image, layers
+from envbuild import image, layers, scratch
 from envbuild.builder import Builder, HostBuilder
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fetch import fetch_wheels
@@ -76,6 +76,9 @@ COMPRESSION = layers.Compression.ZSTD
 #: uv's cache of unzipped wheels, inside the store's tmp/ (so `envbuild gc` clears it): a layer
 #: rebuilt after one of its distributions changed copies the others instead of unzipping them.
 UV_CACHE = "uv-cache"
+#: A layer's staging tree plus uv's unzipped copy, per byte of its wheels (wheels unzip to about
+#: 2-3 times their size): what a scratch folder in memory must have room for.
+STAGING_PER_WHEEL_BYTE = 6
 #: Layers installed and packed at once.
 WORKERS = 2
 
@@ -568,23 +571,28 @@ def _layer(
     left = {d: sorted(leaves[d]) for d in names if d in leaves}
 
     def builder() -> Output:
-        with store.temp_dir("stage-") as work:
+        if missing := [by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
+            # the remote cache said it had this layer, then did not deliver it
+            blobs.update(fetch_wheels(missing, store, progress=progress))
+        refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
+        # the staging tree and the wheels uv unzips for it, in memory when there is room
+        needed = STAGING_PER_WHEEL_BYTE * sum(path.stat().st_size for _, path in refs)
+        with (
+            scratch.folder("stage-", needed) as fast,
+            store.temp_dir("stage-") if fast is None else nullcontext(fast) as work,
+        ):
             root = work / "root"
             root.mkdir()
             if layer.kind == "venv":
                 write_venv(root, target)
             else:
-                if missing := [by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
-                    # the remote cache said it had this layer, then did not deliver it
-                    blobs.update(fetch_wheels(missing, store, progress=progress))
-                refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
                 with progress.task(f"install {layer.name}", len(refs), unit="dists") as task:
                     install(
                         refs,
                         target,
                         root,
                         remove={d: leaves[d] for d in left},
-                        cache=store.tmp / UV_CACHE,
+                        cache=work / UV_CACHE if fast is not None else store.tmp / UV_CACHE,
                     )
                     task.advance(len(refs))
             packed = pack(

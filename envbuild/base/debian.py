@@ -28,10 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.base.model import DEFAULT_PATH, BaseImage
 from envbuild.base.tarsafe import tar_entries
-from envbuild.errors import IntegrityError, UsageError
+from envbuild.errors import IntegrityError
 from envbuild.image import History, ImageConfig
 from envbuild.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer
 from envbuild.lock.model import DebianBaseLock, DebianPackageLock
@@ -97,36 +97,9 @@ def _write_script(path: Path, text: str) -> Path:
     return path
 
 
-#: Where mmdebstrap's chroot goes when there is room: dpkg creating tens of thousands of files
-#: costs less on a tmpfs (on the 2-core development machine, a python3 base took 24.6 s there
-#: against 30 s on ext4, whose inode allocator showed in the profile). The chroot is thrown
-#: away after mmdebstrap wrote its tarball, and the layer is re-packed from that tarball, so
-#: where it was built cannot show in the bytes. ``ENVBUILD_CHROOT_DIR`` picks the folder.
-SHM = Path("/dev/shm")
-SHM_MIN_FREE = 8 << 30
-
-
-def _chroot_parent(work: Path) -> Path:
-    """A fresh folder for mmdebstrap's chroot (its TMPDIR): under ``ENVBUILD_CHROOT_DIR`` when
-    set, on /dev/shm when that has ``SHM_MIN_FREE`` bytes free and runs programs and device
-    nodes (a chroot needs both: not ``noexec`` or ``nodev``, as containers often mount it),
-    else ``work`` itself."""
-    chosen = os.environ.get("ENVBUILD_CHROOT_DIR")
-    parent = Path(chosen) if chosen else SHM
-    try:
-        if not chosen:
-            fs = os.statvfs(parent)
-            unfit = fs.f_flag & (os.ST_NOEXEC | os.ST_NODEV | os.ST_RDONLY)
-            if unfit or fs.f_bavail * fs.f_frsize < SHM_MIN_FREE or not os.access(parent, os.W_OK):
-                return work
-        return Path(tempfile.mkdtemp(prefix="envbuild-chroot-", dir=parent))
-    except OSError as exc:
-        if chosen:
-            raise UsageError(
-                f"ENVBUILD_CHROOT_DIR={chosen}: cannot make a folder there: {exc.strerror or exc}",
-                hint="point it at a writable folder, or unset it",
-            ) from exc
-        return work
+#: What mmdebstrap's chroot may take in a scratch folder (a python3 minbase is ~0.2 GB, one
+#: with build-essential and git ~0.6 GB).
+CHROOT_ESTIMATE = 2 << 30
 
 
 def _mmdebstrap(
@@ -162,16 +135,16 @@ def _mmdebstrap(
         argv.append(f"--setup-hook={setup}")
     argv += [f"--customize-hook={collect}", spec_base.suite, str(work / "rootfs.tar")]
     argv.append(spec_base.mirror)
-    chroot = _chroot_parent(work)
-    env = proc.child_env({"SOURCE_DATE_EPOCH": str(sde), "TMPDIR": str(chroot)})
-    try:
-        log.info("building a Debian %s rootfs with mmdebstrap (in %s)", spec_base.suite, chroot)
-        proc.run(argv, tool="mmdebstrap", env=env, stream=True, hint=HINT)
-    finally:
-        if ca_dir is not None:
-            shutil.rmtree(ca_dir, ignore_errors=True)
-        if chroot != work:
-            shutil.rmtree(chroot, ignore_errors=True)
+    # the chroot (mmdebstrap's TMPDIR) in memory when there is room: see envbuild.scratch
+    with scratch.folder("chroot-", CHROOT_ESTIMATE) as fast:
+        chroot = fast or work
+        env = proc.child_env({"SOURCE_DATE_EPOCH": str(sde), "TMPDIR": str(chroot)})
+        try:
+            log.info("building a Debian %s rootfs with mmdebstrap (in %s)", spec_base.suite, chroot)
+            proc.run(argv, tool="mmdebstrap", env=env, stream=True, hint=HINT)
+        finally:
+            if ca_dir is not None:
+                shutil.rmtree(ca_dir, ignore_errors=True)
     return work / "rootfs.tar", _read_packages(out)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from envbuild.base import debian, registry, rootfs
 from envbuild.base.tarsafe import UnsafeArchive, safe_extract
-from envbuild.errors import IntegrityError, ToolFailed, UsageError
+from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.image import History, ImageConfig, write_image, write_oci_layout
 from envbuild.layers import (
     Compression,
@@ -307,7 +307,7 @@ def test_the_debian_base_is_reproducible_bit_for_bit(
     the same layer digest as the resolving run, and the chroot's folder is gone after."""
     chroots = tmp_path / "chroots"
     chroots.mkdir()
-    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(chroots))
+    monkeypatch.setenv("ENVBUILD_SCRATCH", str(chroots))
     old = os.umask(0o077)
     try:
         again = debian.build(Store(tmp_path / "other"), debian_rootfs.spec, debian_rootfs.lock)
@@ -319,28 +319,3 @@ def test_the_debian_base_is_reproducible_bit_for_bit(
     names = {p.name for p in debian_rootfs.lock.packages}
     assert {"python3-minimal", "base-files", "dpkg"} <= names
     assert all(len(p.sha256) == 64 for p in debian_rootfs.lock.packages)
-
-
-def test_the_chroot_goes_where_it_can(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """mmdebstrap's chroot: a fresh folder under ENVBUILD_CHROOT_DIR, or on /dev/shm when that
-    has room and is not noexec/nodev, else the build's own work folder; a chosen folder that
-    cannot be used is a usage error, not a traceback."""
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.delenv("ENVBUILD_CHROOT_DIR", raising=False)
-    monkeypatch.setattr(debian, "SHM", tmp_path)  # a disk folder with room
-    monkeypatch.setattr(debian, "SHM_MIN_FREE", 1)
-    got = debian._chroot_parent(work)
-    assert got.parent == tmp_path and got.name.startswith("envbuild-chroot-")
-    monkeypatch.setattr(debian, "SHM_MIN_FREE", 1 << 62)  # no room
-    assert debian._chroot_parent(work) == work
-    monkeypatch.setattr(debian, "SHM", tmp_path / "absent")
-    assert debian._chroot_parent(work) == work
-
-    chosen = tmp_path / "chosen"
-    chosen.mkdir()
-    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(chosen))
-    assert debian._chroot_parent(work).parent == chosen
-    monkeypatch.setenv("ENVBUILD_CHROOT_DIR", str(tmp_path / "no" / "such"))
-    with pytest.raises(UsageError, match="ENVBUILD_CHROOT_DIR"):
-        debian._chroot_parent(work)
