@@ -160,3 +160,35 @@ def test_gc_keeps_what_the_image_needs(repo: Path, overlapping: list[WheelRef], 
     assert again.exit_code == 0, again.stderr
     assert "(0 rebuilt)" in again.stderr
     assert again.stdout.strip() == first.json()["image"]
+
+
+def test_layer_workers_defer_to_a_base_still_being_made() -> None:
+    """While the base's future runs, a layer worker thread (and what it starts) is reniced;
+    once the base is done, or for a base found in the store, it keeps its priority."""
+    import concurrent.futures
+    import os
+    import subprocess
+    import threading
+
+    from envbuild import build
+
+    def worker_nice(base: concurrent.futures.Future[None]) -> tuple[int, int]:
+        seen: list[int] = []
+
+        def run() -> None:
+            build._defer(base)
+            child = subprocess.run(["nice"], capture_output=True, text=True, check=True)
+            seen.extend([os.getpriority(os.PRIO_PROCESS, 0), int(child.stdout)])
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return seen[0], seen[1]
+
+    start = os.getpriority(os.PRIO_PROCESS, 0)
+    running: concurrent.futures.Future[None] = concurrent.futures.Future()
+    assert worker_nice(running) == (max(start, build.DEFERRED_NICE),) * 2
+    assert os.getpriority(os.PRIO_PROCESS, 0) == start  # the calling thread is untouched
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+    done.set_result(None)
+    assert worker_nice(done) == (start, start)

@@ -46,7 +46,9 @@ def test_no_usable_shm_means_none(shm: Path, monkeypatch: pytest.MonkeyPatch) ->
         assert got is None
 
 
-def test_the_real_room_check_measures_a_folder_and_gives_nothing_for_a_missing_one(tmp_path: Path) -> None:
+def test_the_real_room_check_measures_a_folder_and_gives_nothing_for_a_missing_one(
+    tmp_path: Path,
+) -> None:
     assert scratch._room(tmp_path / "absent") == 0
     room = scratch._room(tmp_path)  # a plain writable folder: its free space, capped by memory
     assert 0 < room <= scratch._mem_available()
