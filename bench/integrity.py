@@ -14,6 +14,8 @@ Builds (or reuses) a vLLM 0.33 venv with uv, then measures:
   file / one-core limit) and the check's time against it; medians are reported. Both sides
   must produce the same manifest;
 * the full check from a cold page cache when caches can be dropped (root);
+* the same recorded files hashed by ``xargs -P<cores> openssl dgst -sha256`` (the C library
+  hashlib uses, one process per core): what a real tool reaches on the same bytes;
 * the quick check (sizes; hashes only files newer than their install): median time;
 * the paths owned by two distributions, by owner pair.
 Load average is printed: the machine may be shared.
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,7 +43,7 @@ from envbuild import proc
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import sha256_limit
 from envbuild.snapshot.model import PythonEnv
-from envbuild.snapshot.pyenv import Interpreter, Mode, probe, scan_site_packages
+from envbuild.snapshot.pyenv import Interpreter, Mode, _find_dists, probe, scan_site_packages
 
 DEFAULT_VENV = Path("/var/tmp/envbuild-bench/vllm-venv")
 REPO = Path(__file__).resolve().parent.parent
@@ -109,6 +112,34 @@ def child_check(source: Path, venv: Path, mode: Mode) -> dict[str, Any]:
     )  # fmt: skip
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def openssl_peer(interp: Interpreter, cores: int) -> float | None:
+    """Seconds for ``xargs -P<cores> openssl dgst -sha256`` to hash the same recorded files
+    (OpenSSL's sha256 is what hashlib runs): a real tool's figure on the same bytes. Each
+    openssl gets one big file and a share of the small ones, so the cores stay balanced."""
+    if shutil.which("openssl") is None:
+        return None
+    sizes = {
+        e.abs: e.size or 0 for d in _find_dists("bench", interp.site_packages) for e in d.entries
+    }
+    paths = [p for p in sizes if os.path.isfile(p)]
+    big = sorted((p for p in paths if sizes[p] >= hashing.BIG), key=lambda p: -sizes[p])
+    small = [p for p in paths if sizes[p] < hashing.BIG]
+    chunks = max(len(big), 4 * cores)
+    share = -(-len(small) // chunks)
+    order: list[str] = []
+    for i in range(chunks):
+        order += big[i : i + 1] + small[i * share : (i + 1) * share]
+    with tempfile.NamedTemporaryFile() as listing:
+        listing.write(b"".join(os.fsencode(p) + b"\0" for p in order))
+        listing.flush()
+        start = time.perf_counter()
+        subprocess.run(
+            f"xargs -0 -P{cores} -n {share + 1} openssl dgst -sha256 -r < {listing.name}",
+            shell=True, check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        return time.perf_counter() - start
 
 
 def cli_seconds(venv: Path, *argv: str) -> float:
@@ -228,6 +259,16 @@ def main() -> int:
         print(f"  {hashing.ENGINE} x{hashing.DEFAULT_WORKERS}: {sweep[entry]:.2f} GB/s", flush=True)
     hashing.ENGINE, hashing.DEFAULT_WORKERS = "auto", None
     figures["sweep_GBps"] = sweep
+    peer = [openssl_peer(interp, cores) for _ in range(args.repeat)]
+    if peer and None not in peer:
+        med = statistics.median(t for t in peer if t is not None)
+        figures["openssl_xargs_s"] = [round(t, 2) for t in peer if t is not None]
+        figures["openssl_xargs_median_s"] = round(med, 2)
+        print(
+            f"peer: xargs -P{cores} openssl dgst -sha256 over the same files: median {med:.2f} s "
+            f"({size / med / 1e9:.2f} GB/s)",
+            flush=True,
+        )
     if args.cold_read and drop_caches():
         every = [
             (os.path.join(t, f), 0)
