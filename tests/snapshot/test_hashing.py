@@ -100,25 +100,19 @@ def in_fresh_process(mode: str, items: dict[str, int]) -> dict[str, Any]:
     return out
 
 
-def test_the_process_engine_agrees_with_hashlib(tree: dict[str, int], tmp_path: Path) -> None:
-    got = in_fresh_process("hash", tree)
+@pytest.mark.parametrize("look", ["hash", "stat"])
+def test_the_process_engine_agrees_with_hashlib(
+    tree: dict[str, int], tmp_path: Path, look: str
+) -> None:
+    """Forked workers give hashlib's digests ("hash"), or for the quick check's look ("stat")
+    the sizes and mtimes alone, with the same errors either way."""
+    got = in_fresh_process(look, tree)
     assert got["calls"] == [1]
     results = {
         path: hashing.FileHash(path, size, bytes.fromhex(hex_) if hex_ else None, err, gone, mt)
         for path, (size, hex_, err, gone, mt) in got["results"].items()
     }
-    check(results, tree, tmp_path)
-
-
-def test_the_process_engine_stats_without_hashing(tree: dict[str, int], tmp_path: Path) -> None:
-    """The quick check's look: sizes and mtimes from forked workers, no digest, the same errors."""
-    got = in_fresh_process("stat", tree)
-    assert got["calls"] == [1]
-    results = {
-        path: hashing.FileHash(path, size, bytes.fromhex(hex_) if hex_ else None, err, gone, mt)
-        for path, (size, hex_, err, gone, mt) in got["results"].items()
-    }
-    check(results, tree, tmp_path, hashed=False)
+    check(results, tree, tmp_path, hashed=look == "hash")
 
 
 def test_stat_only_forks_for_many_files_not_many_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
