@@ -12,22 +12,32 @@ and normalized; bench/build.py prints the same digest either way).
 ``store``: never in memory), else on /dev/shm when it is a tmpfs that runs programs and device
 nodes (a chroot needs both) and both it and the machine's available memory have room for the
 estimated size plus :data:`RESERVE`, counting what other folders hold right now; else nowhere
-(None) and the caller uses its own folder in the store.
+(None) and the caller uses its own folder in the store. A folder is locked (``flock``) while it
+is used, so one that a killed build left behind is recognised and removed by the next call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from envbuild.errors import UsageError
 
+log = logging.getLogger("envbuild.scratch")
+
 ENV = "ENVBUILD_SCRATCH"
+PREFIX = "envbuild-"
+#: A folder of this prefix older than this (seconds) and locked by no one was left by a build
+#: that was killed: the next :func:`folder` on that parent removes it.
+STALE_AFTER = 60.0
 SHM = Path("/dev/shm")
 #: Left free on the tmpfs and in available memory beyond every folder's estimate.
 RESERVE = 2 << 30
@@ -88,12 +98,14 @@ def folder(prefix: str, needed: int) -> Iterator[Path | None]:
         yield None
         return
     parent = Path(setting) if setting else SHM
+    _sweep(parent)
     if not _ledger.take(parent, needed, check=not setting):
         yield None
         return
     try:
         try:
-            path = Path(tempfile.mkdtemp(prefix=f"envbuild-{prefix}", dir=parent))
+            path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{prefix}", dir=parent))
+            held = _hold(path)
         except OSError as exc:
             if not setting:  # /dev/shm went away or filled up since: the store's folder then
                 yield None
@@ -106,5 +118,45 @@ def folder(prefix: str, needed: int) -> Iterator[Path | None]:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+            os.close(held)
     finally:
         _ledger.give(needed)
+
+
+def _hold(path: Path) -> int:
+    """Lock the folder for as long as it is used (a process that dies lets go of it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the folders of builds that were killed: named by this module, older than
+    :data:`STALE_AFTER` (a folder just made is not locked yet) and locked by no one. In memory,
+    what a killed build left would otherwise take RAM until the next reboot."""
+    try:
+        entries = [e for e in os.scandir(parent) if e.name.startswith(PREFIX)]
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_AFTER:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a build is using it
+            os.close(fd)
+            continue
+        log.info("removing %s, left by a build that did not finish", entry.path)
+        shutil.rmtree(entry.path, ignore_errors=True)
+        os.close(fd)

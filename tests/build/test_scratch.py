@@ -68,3 +68,32 @@ def test_the_setting_picks_the_folder_or_the_store(
     monkeypatch.setenv(scratch.ENV, str(tmp_path / "no" / "such"))
     with pytest.raises(UsageError, match=scratch.ENV), scratch.folder("stage-", 1):
         pass
+
+
+def test_a_killed_builds_folder_is_swept_a_live_one_is_not(shm: Path) -> None:
+    import fcntl
+    import os
+
+    old = 10 * scratch.STALE_AFTER
+    stale, live, fresh, other = (
+        shm / n for n in ("envbuild-stage-a", "envbuild-stage-b", "envbuild-c", "theirs")
+    )
+    for d in (stale, live, fresh, other):
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "f").write_text("x")
+    for d in (stale, live, other):
+        os.utime(d, (os.stat(d).st_atime - old, os.stat(d).st_mtime - old))
+    holder = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as a running build holds its folder
+    try:
+        with scratch.folder("stage-", 1) as got:
+            assert got is not None
+            # the folder in use is locked against another process's sweep
+            probe = os.open(got, os.O_RDONLY | os.O_DIRECTORY)
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.close(probe)
+        assert not stale.exists()
+        assert live.exists() and fresh.exists() and other.exists()
+    finally:
+        os.close(holder)
