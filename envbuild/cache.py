@@ -20,6 +20,7 @@ is checked against its key and every blob against its digest, but nothing is sig
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,8 @@ class RemoteCache:
         self.push = push
         self.stats = CacheStats()
         self._api: RegistryApi | None = None
+        # the base's thread and the layer workers ask at once: one warning, no lost counts
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"RemoteCache({self.repo.name!r})"
@@ -119,8 +122,12 @@ class RemoteCache:
         try:
             return self.api.manifest_digest(cache_tag(key)) is not None
         except RegistryUnreachable as exc:
-            self.stats.unreachable = exc.message
-            log.warning("%s; building without the cache %s", exc.message, self.repo.name)
+            with self._lock:
+                first = self.stats.unreachable is None
+                if first:
+                    self.stats.unreachable = exc.message
+            if first:
+                log.warning("%s; building without the cache %s", exc.message, self.repo.name)
             return False
 
     # -- fetch -------------------------------------------------------------------------------
@@ -141,8 +148,9 @@ class RemoteCache:
             for desc in image.layers:
                 store.add_file(image.blob_path(desc), expected=desc.digest)
             recorded = store.record(drv.kind, drv.inputs, drv.outputs, drv.meta)
-        self.stats.hits.append(key)
-        self.stats.bytes_fetched += result.size
+        with self._lock:
+            self.stats.hits.append(key)
+            self.stats.bytes_fetched += result.size
         log.info("cache hit: %s %s from %s", drv.kind, key[:12], self.repo.name)
         return recorded
 
@@ -196,9 +204,10 @@ class RemoteCache:
             result = registry.push_image(
                 image, ref, endpoint=self.endpoint, transport=self.transport, api=self.api
             )
-        self.stats.published.append(drv.key)
-        self.stats.bytes_uploaded += result.bytes_uploaded
-        self.stats.bytes_not_uploaded += result.bytes_skipped
+        with self._lock:
+            self.stats.published.append(drv.key)
+            self.stats.bytes_uploaded += result.bytes_uploaded
+            self.stats.bytes_not_uploaded += result.bytes_skipped
         log.info(
             "cache: published %s %s (%d blobs uploaded, %d already there)",
             drv.kind, drv.key[:12], len(result.uploaded), len(result.skipped),

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -91,6 +92,7 @@ class RegistryApi:
         self.creds = creds
         self._scheme: str | None = None if endpoint.insecure else "https"
         self._authorization: str | None = None
+        self._login = threading.Lock()  # the build's threads share one API object
 
     # -- plumbing ---------------------------------------------------------------------------
     def _context(self, scheme: str) -> ssl.SSLContext | None:
@@ -179,18 +181,22 @@ class RegistryApi:
         self, method: str, path: str, accept: tuple[str, ...] = ()
     ) -> tuple[int, Message, bytes]:
         headers = {"Accept": ", ".join(accept)} if accept else {}
-        if self._authorization:
-            headers["Authorization"] = self._authorization
+        sent = self._authorization
+        if sent:
+            headers["Authorization"] = sent
         status, resp_headers, body = self._send(method, path, headers)
-        if status == 401 and not self._authorization:
-            scheme, params = _challenge(resp_headers.get("WWW-Authenticate", ""))
-            if scheme == "basic" and self.creds is not None:
-                self._authorization = self.creds.basic()
-            elif scheme == "bearer" and "realm" in params:
-                self._authorization = self._token(params)
-            else:
-                raise self._refused(status, self._words(method, path, headers, body))
-            headers["Authorization"] = self._authorization
+        if status == 401 and not sent:
+            # one login for all threads: another may have logged in since this request went out
+            with self._login:
+                if not self._authorization:
+                    scheme, params = _challenge(resp_headers.get("WWW-Authenticate", ""))
+                    if scheme == "basic" and self.creds is not None:
+                        self._authorization = self.creds.basic()
+                    elif scheme == "bearer" and "realm" in params:
+                        self._authorization = self._token(params)
+                    else:
+                        raise self._refused(status, self._words(method, path, headers, body))
+                headers["Authorization"] = self._authorization
             status, resp_headers, body = self._send(method, path, headers)
         if status in (401, 403):
             raise self._refused(status, self._words(method, path, headers, body))

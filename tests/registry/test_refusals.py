@@ -91,6 +91,47 @@ def test_wrong_credentials_give_the_registrys_message_without_the_password(
     assert pulled.exit_code == 0, pulled.stderr
 
 
+def test_threads_sharing_one_api_log_in_once_and_all_get_in(
+    registry_auth: Registry, docker_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build asks the cache from several threads at once (the base's and the layer
+    workers'). Each first request is answered 401 before any thread has logged in; then one
+    logs in and the others use its token instead of calling their credentials refused."""
+    import threading
+
+    from envbuild.registry import Endpoint, RegistryApi
+
+    registry_auth.write_docker_config(docker_config)
+    api = RegistryApi(registry_auth.host, "private/app", Endpoint(insecure=True))
+    threads = 4
+    all_answered = threading.Barrier(threads, timeout=30)
+    real_send = api._send
+    first = threading.local()
+
+    def send(method: str, path: str, headers: dict[str, str]) -> Any:
+        answer = real_send(method, path, headers)
+        if not getattr(first, "done", False):
+            first.done = True
+            all_answered.wait()  # every thread holds its 401 before anyone logs in
+        return answer
+
+    monkeypatch.setattr(api, "_send", send)
+    found: list[object] = []
+
+    def ask() -> None:
+        try:
+            found.append(api.manifest_digest("not-pushed"))
+        except Exception as exc:  # the assertion shows it
+            found.append(exc)
+
+    workers = [threading.Thread(target=ask) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert found == [None] * threads
+
+
 def test_credentials_from_the_containers_auth_file(
     cli: Cli,
     registry_auth: Registry,
