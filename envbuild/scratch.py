@@ -124,12 +124,18 @@ def folder(prefix: str, needed: int) -> Iterator[Path | None]:
 
 
 def _hold(path: Path) -> int:
-    """Lock the folder for as long as it is used (a process that dies lets go of it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """Lock the fresh folder for as long as it is used (a process that dies lets go of it);
+    if it cannot be locked it is removed again."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
         os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
         raise
     return fd
 
