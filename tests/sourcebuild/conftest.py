@@ -15,6 +15,26 @@ from envbuild.sourcebuild import FileRef, SourceBuildRequest
 from envbuild.store import Store
 from envbuild.toolchain import find_nvcc
 
+_CEXT_SPEC = """\
+name = "cext-demo"
+[base]
+kind = "debian"
+[python]
+version = "{python}"
+[resolution]
+exclude_newer = 2026-01-01T00:00:00Z
+[builds.fixture-cext]
+version = "1.0.0"
+{extra}"""
+
+
+def write_cext_spec(repo: Path, python: str = "3.11", extra: str = "") -> Path:
+    """``specs/cext-demo.toml`` in ``repo``: a spec that source-builds the fixture-cext sdist
+    (``extra``: more lines of its ``[builds.fixture-cext]``)."""
+    spec = repo / "specs" / "cext-demo.toml"
+    spec.write_text(_CEXT_SPEC.format(python=python, extra=extra))
+    return spec
+
 
 @pytest.fixture(scope="session")
 def sdists(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], FileRef]:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sourcebuild.conftest import write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
@@ -21,19 +22,6 @@ from envbuild.spec.load import load_spec
 from envbuild.store import Store
 
 REPO = FIXTURES.parents[2]
-
-SPEC = """\
-name = "cext-demo"
-[base]
-kind = "debian"
-[python]
-version = "{python}"
-[resolution]
-exclude_newer = 2026-01-01T00:00:00Z
-[builds.fixture-cext]
-version = "1.0.0"
-env = {{ CEXT_GREETING = "from-the-spec" }}
-"""
 
 
 def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., object]) -> None:
@@ -57,8 +45,7 @@ def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., objec
 
 
 def _lock_fixture(repo: Path, sdist: FileRef, python: str) -> Path:
-    spec = repo / "specs" / "cext-demo.toml"
-    spec.write_text(SPEC.format(python=python))
+    spec = write_cext_spec(repo, python, 'env = { CEXT_GREETING = "from-the-spec" }\n')
     loaded = load_spec(spec)
     lock = Lock(
         requires_python=f">={python}",

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import request, store_state
+from sourcebuild.conftest import request, store_state, write_cext_spec
 from support.wheels import make_wheel
 
 from envbuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
@@ -31,18 +31,6 @@ from envbuild.sourcebuild import FileRef, SourceBuildRequest, diff_inputs, input
 from envbuild.sourceplan import build_closure, build_requests, build_roots, wheel_requires
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.store import Store, derivation_key
-
-SPEC = """\
-name = "cext-demo"
-[base]
-kind = "debian"
-[python]
-version = "3.11"
-[resolution]
-exclude_newer = 2026-01-01T00:00:00Z
-[builds.fixture-cext]
-version = "1.0.0"
-"""
 
 #: torch and what it needs (one dependency only on aarch64, one only for an extra), plus
 #: packages no build venv installs: tqdm and what only tqdm needs.
@@ -104,9 +92,7 @@ def locked(where: Path, name: str, version: str, requires: tuple[str, ...]) -> L
 
 @pytest.fixture
 def demo(repo: Path) -> LoadedSpec:
-    spec = repo / "specs" / "cext-demo.toml"
-    spec.write_text(SPEC)
-    return load_spec(spec)
+    return load_spec(write_cext_spec(repo))
 
 
 @pytest.fixture
