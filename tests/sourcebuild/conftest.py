@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from support.sdists import FIXTURES, pack_sdist
 
 from envbuild.fsio import sha256_file
+from envbuild.lock.model import (
+    EnvbuildLock,
+    Hashes,
+    Index,
+    Lock,
+    LockedBuild,
+    LockedFile,
+    LockedPackage,
+    ToolTable,
+)
 from envbuild.sourcebuild import FileRef, SourceBuildRequest
+from envbuild.spec.load import LoadedSpec
 from envbuild.store import Store
 from envbuild.toolchain import find_nvcc
 
@@ -34,6 +46,47 @@ def write_cext_spec(repo: Path, python: str = "3.11", extra: str = "") -> Path:
     spec = repo / "specs" / "cext-demo.toml"
     spec.write_text(_CEXT_SPEC.format(python=python, extra=extra))
     return spec
+
+
+def cext_lock(
+    loaded: LoadedSpec,
+    sdist: FileRef,
+    *,
+    python: str = "3.11",
+    requires_python: str | None = None,
+    packages: Sequence[LockedPackage] = (),
+    requirements: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Lock:
+    """A lock of the cext-demo spec (:func:`write_cext_spec`) whose one source build is
+    ``sdist``, with ``packages`` locked beside it."""
+    build = LockedBuild(
+        name="fixture-cext",
+        version="1.0.0",
+        sdist=LockedFile(
+            name=sdist.name,
+            url=sdist.url,
+            size=sdist.size or 0,
+            hashes=Hashes(sha256=sdist.sha256),
+        ),
+        env=env or {},
+    )
+    return Lock(
+        requires_python=requires_python or f">={python}",
+        packages=list(packages),
+        tool=ToolTable(
+            envbuild=EnvbuildLock(
+                spec="cext-demo",
+                spec_hash=loaded.spec_hash(),
+                python=python,
+                platform="manylinux_2_36_x86_64",
+                exclude_newer=datetime(2026, 1, 1, tzinfo=UTC),
+                indexes=[Index(name="default", url="https://pypi.org/simple")],
+                requirements=list(requirements),
+                builds=[build],
+            )
+        ),
+    )
 
 
 @pytest.fixture(scope="session")

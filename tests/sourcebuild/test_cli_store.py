@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import write_cext_spec
+from sourcebuild.conftest import cext_lock, write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
 from envbuild.builder import HostBuilder
 from envbuild.lock import lock_path
 from envbuild.lock.io import dumps
-from envbuild.lock.model import EnvbuildLock, Index, Lock, LockedBuild, LockedFile, ToolTable
 from envbuild.sourcebuild import FileRef, realize
 from envbuild.sourceplan import build_requests
 from envbuild.spec.load import load_spec
@@ -47,34 +45,7 @@ def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., objec
 def _lock_fixture(repo: Path, sdist: FileRef, python: str) -> Path:
     spec = write_cext_spec(repo, python, 'env = { CEXT_GREETING = "from-the-spec" }\n')
     loaded = load_spec(spec)
-    lock = Lock(
-        requires_python=f">={python}",
-        packages=[],
-        tool=ToolTable(
-            envbuild=EnvbuildLock(
-                spec="cext-demo",
-                spec_hash=loaded.spec_hash(),
-                python=python,
-                platform="manylinux_2_36_x86_64",
-                exclude_newer=datetime(2026, 1, 1, tzinfo=UTC),
-                indexes=[Index(name="default", url="https://pypi.org/simple")],
-                requirements=[],
-                builds=[
-                    LockedBuild(
-                        name="fixture-cext",
-                        version="1.0.0",
-                        sdist=LockedFile(
-                            name=sdist.name,
-                            url=sdist.url,
-                            size=sdist.size or 0,
-                            hashes={"sha256": sdist.sha256},  # type: ignore[arg-type]
-                        ),
-                        env={"CEXT_GREETING": "from-the-spec"},
-                    )
-                ],
-            )
-        ),
-    )
+    lock = cext_lock(loaded, sdist, python=python, env={"CEXT_GREETING": "from-the-spec"})
     path = lock_path(loaded)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dumps(lock, spec_file="specs/cext-demo.toml"))

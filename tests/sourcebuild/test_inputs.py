@@ -8,24 +8,19 @@ import dataclasses
 import hashlib
 import shutil
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import request, store_state, write_cext_spec
+from sourcebuild.conftest import cext_lock, request, store_state, write_cext_spec
 from support.wheels import make_wheel
 
 from envbuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
 from envbuild.errors import UserError
 from envbuild.lock.model import (
-    EnvbuildLock,
     Hashes,
-    Index,
     Lock,
-    LockedBuild,
     LockedFile,
     LockedPackage,
-    ToolTable,
 )
 from envbuild.sourcebuild import FileRef, SourceBuildRequest, diff_inputs, inputs_of, realize
 from envbuild.sourceplan import build_closure, build_requests, build_roots, wheel_requires
@@ -104,32 +99,12 @@ def lock_with(
 
     def make(**bumped: tuple[str, tuple[str, ...]]) -> Lock:
         packages = {**PACKAGES, **bumped}
-        return Lock(
+        return cext_lock(
+            demo,
+            sdist,
             requires_python="==3.11.*",
             packages=[locked(tmp_path / "wheels", n, *packages[n]) for n in sorted(packages)],
-            tool=ToolTable(
-                envbuild=EnvbuildLock(
-                    spec="cext-demo",
-                    spec_hash=demo.spec_hash(),
-                    python="3.11",
-                    platform="manylinux_2_36_x86_64",
-                    exclude_newer=datetime(2026, 1, 1, tzinfo=UTC),
-                    indexes=[Index(name="default", url="https://pypi.org/simple")],
-                    requirements=["torch", "tqdm"],
-                    builds=[
-                        LockedBuild(
-                            name="fixture-cext",
-                            version="1.0.0",
-                            sdist=LockedFile(
-                                name=sdist.name,
-                                url=sdist.url,
-                                size=sdist.size or 0,
-                                hashes=Hashes(sha256=sdist.sha256),
-                            ),
-                        )
-                    ],
-                )
-            ),
+            requirements=["torch", "tqdm"],
         )
 
     return make
