@@ -14,7 +14,9 @@ The derivation's inputs are the wheel's sha256 and the patches' sha256s, in orde
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import logging
 import os
 import re
@@ -284,17 +286,17 @@ def patch_wheel(
     )
 
 
-def verify_record(wheel: Path) -> list[str]:
-    """Problems with a wheel's RECORD: files whose hash or size differ, files it does not list."""
+def verify_record(wheel: Path, record: str | None = None) -> list[str]:
+    """Problems with a wheel's RECORD (``record``, default the first ``.dist-info/RECORD``):
+    files whose hash or size differ, files it does not list, files it lists that are not in
+    the wheel."""
     problems: list[str] = []
     with zipfile.ZipFile(wheel) as zf:
         names = [i.filename for i in zf.infolist() if not i.is_dir()]
-        record = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
         if record is None:
+            record = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
+        if record is None or record not in names:
             return ["no RECORD"]
-        import csv
-        import io
-
         listed: dict[str, tuple[str, str]] = {}
         for row in csv.reader(io.StringIO(zf.read(record).decode())):
             if row:
@@ -312,6 +314,8 @@ def verify_record(wheel: Path) -> list[str]:
                 problems.append(
                     f"{n}: RECORD says {want_hash},{want_size}; file is {got[1]},{len(data)}"
                 )
+        gone = sorted(set(listed) - set(names))
+        problems += [f"{n}: in RECORD but not in the wheel" for n in gone]
     return problems
 
 
