@@ -239,8 +239,7 @@ class StoreWheels(WheelProvider):
 
     def release(self, generation: Generation) -> None:
         name = root_name(generation)
-        if (self.store.roots_dir / f"{name}.json").exists():
-            self.store.remove_root(name)
+        if self.store.remove_root(name):
             log.debug("store root %s removed with its generation", name)
 
     def _wheel(self, dist: str, version: str, filename: str, digest: str) -> StoreWheel:
