@@ -43,7 +43,8 @@ from envbuild import proc
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import sha256_limit
 from envbuild.snapshot.model import PythonEnv
-from envbuild.snapshot.pyenv import Interpreter, Mode, _find_dists, probe, scan_site_packages
+from envbuild.snapshot.pyenv import Interpreter, _find_dists, probe, scan_site_packages
+from envbuild.snapshot.records import Mode
 
 DEFAULT_VENV = Path("/var/tmp/envbuild-bench/vllm-venv")
 REPO = Path(__file__).resolve().parent.parent
@@ -121,7 +122,7 @@ def openssl_peer(interp: Interpreter, cores: int) -> float | None:
     if shutil.which("openssl") is None:
         return None
     sizes = {
-        e.abs: e.size or 0 for d in _find_dists("bench", interp.site_packages) for e in d.entries
+        e.abs: e.size or 0 for d in _find_dists("bench", interp.site_packages) for e in d.entries()
     }
     paths = [p for p in sizes if os.path.isfile(p)]
     big = sorted((p for p in paths if sizes[p] >= hashing.BIG), key=lambda p: -sizes[p])
@@ -297,17 +298,17 @@ def main() -> int:
         manifest = str(Path(tmp) / "snapshot.json")
         common = ("--python", str(args.venv), "--no-models", "--no-docker", "--no-systemd")
         cli_seconds(args.venv, "snapshot", *common, "-o", manifest)  # warm the page cache
-        runs = {
+        commands = {
             "cli_snapshot_full": ("snapshot", *common, "-o", manifest),
             "cli_snapshot_quick": ("snapshot", *common, "--quick", "-o", manifest + ".q"),
             "cli_verify_quick": ("verify", manifest, "--python", str(args.venv), "--quick"),
             "cli_version": ("--version",),
         }
-        for key, argv in runs.items():
-            times = [cli_seconds(args.venv, *argv) for _ in range(args.repeat)]
-            figures[f"{key}_s"] = [round(t, 2) for t in times]
-            figures[f"{key}_median_s"] = round(statistics.median(times), 2)
-            med = statistics.median(times)
+        for key, argv in commands.items():
+            took = [cli_seconds(args.venv, *argv) for _ in range(args.repeat)]
+            figures[f"{key}_s"] = [round(t, 2) for t in took]
+            figures[f"{key}_median_s"] = round(statistics.median(took), 2)
+            med = statistics.median(took)
             print(f"whole process ({key}): median {med:.2f} s of {figures[f'{key}_s']}", flush=True)
     pairs = Counter(" & ".join(o.owners) for o in env.overlaps)
     winners = Counter(" & ".join(o.matches) or "neither" for o in env.overlaps)

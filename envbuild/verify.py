@@ -13,7 +13,7 @@ from envbuild.diff import DiffResult, compare, snapshot_facts
 from envbuild.snapshot import Options, take_snapshot
 from envbuild.snapshot.gpu import Nvml
 from envbuild.snapshot.model import Snapshot, load_snapshot
-from envbuild.snapshot.pyenv import Mode
+from envbuild.snapshot.records import Mode
 
 log = logging.getLogger("envbuild.verify")
 

@@ -22,7 +22,7 @@ from envbuild.apply.integrity import GenerationCheck, check_generation
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import canonical_json, sha256_file, write_atomic
-from envbuild.snapshot import pyenv
+from envbuild.snapshot import pyenv, records
 from envbuild.snapshot.model import PythonEnv
 
 log = logging.getLogger("envbuild.apply.builder")
@@ -54,7 +54,7 @@ class Found:
     rejected: list[GenerationCheck] = field(default_factory=list)
 
 
-def find_reusable(paths: Paths, chash: str, mode: pyenv.Mode = "full") -> Found:
+def find_reusable(paths: Paths, chash: str, mode: records.Mode = "full") -> Found:
     """The newest generation with these inputs whose files still verify, and those that do not."""
     rejected: list[GenerationCheck] = []
     for gen in reversed(gens.list_generations(paths)):

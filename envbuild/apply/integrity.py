@@ -17,7 +17,7 @@ from envbuild.apply.generations import Generation
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvbuildError
 from envbuild.fsio import sha256_bytes, sha256_file
-from envbuild.snapshot import pyenv
+from envbuild.snapshot import pyenv, records
 
 log = logging.getLogger("envbuild.apply.integrity")
 
@@ -44,7 +44,7 @@ def _sha256_in(sites: list[str], rel: str) -> str | None:
     return None
 
 
-def check_generation(gen: Generation, mode: pyenv.Mode = "full") -> GenerationCheck:
+def check_generation(gen: Generation, mode: records.Mode = "full") -> GenerationCheck:
     problems: list[str] = []
     for rel, digest in sorted(gen.meta.files.items()):
         path = gen.path / rel

@@ -14,7 +14,18 @@ import tempfile
 from dataclasses import dataclass, field
 
 from envbuild import __version__
-from envbuild.snapshot import cuda, docker, gpu, hfcache, host, patchinfo, pyenv, refs, systemd
+from envbuild.snapshot import (
+    cuda,
+    docker,
+    gpu,
+    hfcache,
+    host,
+    patchinfo,
+    pyenv,
+    records,
+    refs,
+    systemd,
+)
 from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
 from envbuild.snapshot.redact import Redactor
 
@@ -33,7 +44,7 @@ __all__ = [
 @dataclass
 class Options:
     pythons: list[str] = field(default_factory=list)
-    integrity: pyenv.Mode = "full"
+    integrity: records.Mode = "full"
     spec: str | None = None
     image: str | None = None
     hf_cache: str | None = None  # None: huggingface_hub's default

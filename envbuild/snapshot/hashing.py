@@ -27,9 +27,10 @@ import struct
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, NamedTuple
+from typing import IO, NamedTuple, TypeVar
 
 log = logging.getLogger("envbuild.snapshot.hashing")
 
@@ -138,61 +139,65 @@ def _stat_batch(batch: list[str], buffer: bytearray | None = None) -> list[FileH
     return [stat_one(p) for p in batch]
 
 
-Look = Callable[[list[str], "bytearray | None"], list[FileHash]]
+def forkable() -> bool:
+    """Whether this process may fork workers: only while it runs no other thread."""
+    return threading.active_count() == 1 and hasattr(os, "fork")
 
 
 def _use_processes(workers: int, total: int, files: int = 0, *, stat_only: bool = False) -> bool:
-    forkable = threading.active_count() == 1 and hasattr(os, "fork")
     big = files >= PROCESS_MIN_FILES if stat_only else total >= PROCESS_MIN_BYTES
     wanted = ENGINE == "processes" or (ENGINE == "auto" and big)
-    return workers > 1 and wanted and forkable
+    return workers > 1 and wanted and forkable()
 
 
-def _worker(batches: list[list[str]], tickets: int, out: IO[bytes], look: Look) -> None:
-    """In a forked child: take batch numbers from the ``tickets`` pipe until it is empty, and
-    pickle what it found into ``out``: per batch its number and, for each path in order, the
-    fields after the path (the parent has the paths: not pickling them back halves what the
-    one process that does not scale has to unpickle)."""
-    done: list[tuple[int, list[tuple[object, ...]]]] = []
+J = TypeVar("J")
+R = TypeVar("R")
+#: One job's work: ``(job, buffer)``, the buffer a reusable ``BIG + 1`` bytes (None in threads).
+Work = Callable[[J, "bytearray | None"], R]
+
+
+def _worker(jobs: Sequence[J], work: Work[J, R], tickets: int, out: IO[bytes]) -> None:
+    """In a forked child: take job numbers from the ``tickets`` pipe until it is empty, and
+    pickle each job's number and result into ``out``."""
+    done: list[tuple[int, R]] = []
     buffer = bytearray(BIG + 1)
     while len(ticket := os.read(tickets, 4)) == 4:  # a pipe read of 4 bytes is atomic
         (number,) = struct.unpack("=I", ticket)
-        done.append((number, [fh[1:] for fh in look(batches[number], buffer)]))
+        done.append((number, work(jobs[number], buffer)))
     pickle.dump(done, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
 
 
 def _in_processes(
-    batches: list[list[str]],
-    workers: int,
-    meanwhile: Callable[[], object] | None,
-    look: Look = _hash_batch,
-) -> dict[str, FileHash]:
-    """Hash ``batches`` (in this order, each taken by the first free worker) in ``workers``
-    forked children. The children inherit the batches (nothing is pickled on the way in),
-    take batch numbers from a pipe written before the fork, and leave their results in a
-    temporary file each, so they never wait for this process, which runs ``meanwhile``."""
+    jobs: Sequence[J], work: Work[J, R], workers: int, meanwhile: Callable[[], object] | None
+) -> list[R]:
+    """Run ``work`` on each of ``jobs`` (in this order, each taken by the first free worker)
+    in ``workers`` forked children. The children inherit the jobs (nothing is pickled on the
+    way in), take job numbers from a pipe written before the fork, and leave their results in
+    a temporary file each, so they never wait for this process, which runs ``meanwhile``."""
     tickets, feed = os.pipe()
     outs: list[IO[bytes]] = []
     children: list[int] = []
     files = contextlib.ExitStack()
     try:
         with contextlib.suppress(OSError):  # room for every ticket (a pipe is 64 KiB at first)
-            fcntl.fcntl(feed, fcntl.F_SETPIPE_SZ, max(4 * len(batches), 4096))
+            fcntl.fcntl(feed, fcntl.F_SETPIPE_SZ, max(4 * len(jobs), 4096))
         os.set_blocking(feed, False)
-        numbers = b"".join(struct.pack("=I", i) for i in range(len(batches)))
+        numbers = b"".join(struct.pack("=I", i) for i in range(len(jobs)))
         if os.write(feed, numbers) != len(numbers):
             raise BlockingIOError("the ticket pipe is too small")
         os.close(feed)
         feed = -1
-        for _ in range(min(workers, len(batches))):
+        for _ in range(min(workers, len(jobs))):
             outs.append(files.enter_context(tempfile.TemporaryFile()))  # noqa: SIM115 (closed by files)
             pid = os.fork()
             if pid == 0:  # the child: never returns
                 code = 1
                 try:
-                    _worker(batches, tickets, outs[-1], look)
+                    _worker(jobs, work, tickets, outs[-1])
                     code = 0
+                except BaseException:
+                    traceback.print_exc()
                 finally:
                     os._exit(code)
             children.append(pid)
@@ -202,17 +207,12 @@ def _in_processes(
         children = []
         if failed:
             raise OSError(f"{len(failed)} hashing worker(s) failed")
-        results: dict[str, FileHash] = {}
-        make = tuple.__new__  # FileHash._make, without its per-call checks
+        results: list[R | None] = [None] * len(jobs)
         for left in outs:
             left.seek(0)
-            for number, found in pickle.load(left):
-                paths = batches[number]
-                results.update(
-                    (path, make(FileHash, (path, *fields)))
-                    for path, fields in zip(paths, found, strict=True)
-                )
-        return results
+            for number, result in pickle.load(left):
+                results[number] = result
+        return results  # type: ignore[return-value]  # every ticket was taken: no None left
     finally:
         for pid in children:  # only after an error here
             with contextlib.suppress(OSError):
@@ -222,6 +222,26 @@ def _in_processes(
         os.close(tickets)
         if feed >= 0:
             os.close(feed)
+
+
+def run_jobs(
+    jobs: Sequence[J],
+    work: Work[J, R],
+    *,
+    workers: int,
+    processes: bool,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[R]:
+    """``work(job, buffer)`` for each job, in forked processes (``processes``: the caller has
+    checked :func:`forkable`) or in threads; ``meanwhile`` runs in this process while they do.
+    Results come back in the jobs' order."""
+    if processes:
+        return _in_processes(jobs, work, workers, meanwhile)
+    with ThreadPoolExecutor(max_workers=workers) as threads:
+        pending = threads.map(lambda job: work(job, None), jobs)  # submits everything now
+        if meanwhile is not None:
+            meanwhile()
+        return list(pending)
 
 
 def hash_files(
@@ -239,22 +259,31 @@ def hash_files(
     listed = list(items)
     batches = _batches(listed)
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
-    look: Look = _stat_batch if stat_only else _hash_batch
     total = sum(size for _, size in listed)
-    if hasher is None and _use_processes(workers, total, len(listed), stat_only=stat_only):
-        return _in_processes(batches, workers, meanwhile, look)
-    results: dict[str, FileHash] = {}
-    with ThreadPoolExecutor(max_workers=workers) as threads:
-        if hasher is None:
-            pending = threads.map(look, batches)  # submits everything now
-        else:
-            one = hasher
-            pending = threads.map(lambda b: [one(p) for p in b], batches)
-        if meanwhile is not None:
-            meanwhile()
-        for done in pending:
-            results.update((fh.path, fh) for fh in done)
-    return results
+    if hasher is not None:
+        one = hasher
+        found = run_jobs(
+            batches, lambda b, _: [one(p) for p in b], workers=workers, processes=False,
+            meanwhile=meanwhile,
+        )  # fmt: skip
+        return {fh.path: fh for done in found for fh in done}
+    look = _stat_batch if stat_only else _hash_batch
+
+    def fields(batch: list[str], buffer: bytearray | None) -> list[tuple[object, ...]]:
+        # the fields after the path: the parent has the paths, and not pickling them back
+        # halves what it has to unpickle
+        return [fh[1:] for fh in look(batch, buffer)]
+
+    processes = _use_processes(workers, total, len(listed), stat_only=stat_only)
+    found_fields = run_jobs(
+        batches, fields, workers=workers, processes=processes, meanwhile=meanwhile
+    )
+    make = tuple.__new__  # FileHash._make, without its per-call checks
+    return {
+        path: make(FileHash, (path, *got))
+        for batch, done in zip(batches, found_fields, strict=True)
+        for path, got in zip(batch, done, strict=True)
+    }
 
 
 def sha256_limit(

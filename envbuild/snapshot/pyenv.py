@@ -16,32 +16,27 @@ whose mtime is newer than their distribution's RECORD, i.e. written after the in
 
 from __future__ import annotations
 
-import binascii
-import csv
 import errno
 import hashlib
-import io
 import json
 import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Literal
 
 from packaging.utils import canonicalize_name
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
-from envbuild.snapshot.hashing import FileHash, hash_files
-from envbuild.snapshot.model import Distribution, ModifiedFile, Overlap, PythonEnv
+from envbuild.snapshot import records
+from envbuild.snapshot.model import Distribution, PythonEnv
+from envbuild.snapshot.records import Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
-
-Mode = Literal["full", "quick"]
 
 #: Run with ``-I -S -B``: no ``site`` (so no ``.pth`` file of the inspected environment runs),
 #: no bytecode written. Without ``site`` a venv's ``sys.prefix`` is still the base install's
@@ -115,52 +110,6 @@ def probe(python: str) -> Interpreter:
         raise InputFileError(python, "is not a Python interpreter", hint=hint) from exc
 
 
-@dataclass
-class _Entry:
-    abs: str
-    shown: str
-    sha256: str | None  # urlsafe base64, as RECORD writes it
-    size: int | None
-
-
-@dataclass
-class _Dist:
-    name: str
-    version: str
-    installer: str | None
-    site: str
-    dist_info: str
-    record_sha256: str | None
-    record_mtime_ns: int
-    entries: list[_Entry] = field(default_factory=list)
-    size: int = 0
-    modified: list[ModifiedFile] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unrecorded: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)  # its metadata files
-
-
-def _skipped(rel: str) -> bool:
-    return "__pycache__" in rel.replace("\\", "/").split("/")
-
-
-def _rows(text: str) -> Iterable[list[str]]:
-    """RECORD's CSV rows (empty lines dropped). A RECORD without quotes or carriage returns,
-    which is nearly every one, is split directly: the csv module would give the same fields
-    (a path with a comma is quoted) at several times the cost, paid for every file."""
-    if '"' in text or "\r" in text:
-        return [row for row in csv.reader(io.StringIO(text)) if row]
-    return [line.split(",") for line in text.split("\n") if line]
-
-
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _b64(digest: bytes) -> str:
-    """urlsafe base64 without padding, as RECORD writes a digest (binascii: it runs per file)."""
-    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
-
-
 def _headers(text: str) -> dict[str, str]:
     """The header fields of a METADATA file. Only the block before the first empty line is
     parsed: that is where the email parser stops for headers, and a long description after
@@ -206,7 +155,7 @@ def _read_file(path: str) -> tuple[bytes, int] | None:
     return b"".join(chunks), st.st_mtime_ns
 
 
-def _read_dist(site: str, dist_info: str) -> _Dist:
+def _read_dist(site: str, dist_info: str) -> Dist:
     folder = os.path.join(site, dist_info)
     stem = dist_info.removesuffix(".dist-info")
     name_guess, _, version_guess = stem.partition("-")
@@ -228,33 +177,18 @@ def _read_dist(site: str, dist_info: str) -> _Dist:
     version = headers.get("Version", version_guess) or "unknown"
     found = read("INSTALLER")
     installer = found[0].decode("utf-8", errors="replace").strip() if found else None
-    dist = _Dist(name, version, installer or None, site, dist_info, None, 0)
+    dist = Dist(name, version, installer or None, site, dist_info)
     found = read("RECORD")
     dist.unreadable = [f"{path} ({name}): {why}" for path, why in unreadable]
     if found is None:  # no RECORD (some installers write none), or one that cannot be read
         return dist
     raw, dist.record_mtime_ns = found
     dist.record_sha256 = hashlib.sha256(raw).hexdigest()
-    prefix = site + os.sep
-    append = dist.entries.append
-    for row in _rows(raw.decode("utf-8", errors="replace")):
-        rel = row[0]
-        if not rel or ("__pycache__" in rel and _skipped(rel)):
-            continue
-        if rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel:
-            abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
-            shown = os.path.relpath(abs_path, site)
-        else:
-            abs_path, shown = prefix + rel, rel
-        n = len(row)
-        hashed = row[1] if n > 1 else ""
-        digest = hashed[7:].rstrip("=") or None if hashed.startswith("sha256=") else None
-        size = int(row[2]) if n > 2 and row[2].isdigit() else None
-        append(_Entry(abs_path, shown, digest, size))
+    dist.record = raw.decode("utf-8", errors="replace")
     return dist
 
 
-def _find_dists(requested: str, sites: Iterable[str]) -> list[_Dist]:
+def _find_dists(requested: str, sites: Iterable[str]) -> list[Dist]:
     out = []
     for site in sites:
         try:
@@ -271,134 +205,26 @@ def _find_dists(requested: str, sites: Iterable[str]) -> list[_Dist]:
     return out
 
 
-def _check_files(
-    dists: list[_Dist], mode: Mode, meanwhile: Callable[[], object]
-) -> dict[str, FileHash]:
-    """One look at each distinct recorded path: a hash (full), or a stat and a hash only for
-    what changed after its install (quick). ``meanwhile`` runs while the hashes are made."""
-    paths: dict[str, int] = {}
-    for dist in dists:
-        for e in dist.entries:
-            paths.setdefault(e.abs, e.size or 0)
-    if mode == "full":
-        return hash_files(paths.items(), meanwhile=meanwhile)
-    # stat in forked workers (or threads, for few files) while this process walks site-packages
-    seen = hash_files(((p, 0) for p in paths), stat_only=True, meanwhile=meanwhile)
-    newer: dict[str, int] = {}
-    for dist in dists:
-        for e in dist.entries:
-            fh = seen[e.abs]
-            if fh.error is None and e.sha256 is not None and fh.mtime_ns > dist.record_mtime_ns:
-                newer[e.abs] = fh.size
-    seen.update(hash_files(newer.items()))
-    return seen
-
-
-def _judge(dists: list[_Dist], results: dict[str, FileHash]) -> tuple[list[Overlap], list[str]]:
-    first: dict[str, _Dist] = {}  # path -> the first distribution listing it
-    shared: dict[str, list[_Dist]] = {}  # path -> its owners, when more than one
-    for dist in dists:
-        for e in dist.entries:
-            owner = first.setdefault(e.abs, dist)
-            if owner is not dist:
-                who = shared.get(e.abs)
-                if who is None:
-                    shared[e.abs] = [owner, dist]
-                elif who[-1] is not dist:
-                    who.append(dist)
-    # A path two distributions list holds the bytes of one of them (the last installed): the
-    # others are not reported as modified, the overlap says which owner's bytes are on disk.
-    on_disk: dict[str, list[str]] = {
-        path: [] if results[path].error else _matches(path, who, results[path])
-        for path, who in shared.items()
-    }
-    unreadable: list[str] = []
-    for dist in dists:
-        size = 0
-        for e in dist.entries:
-            fh = results[e.abs]
-            if fh.error is not None:
-                if not fh.missing:
-                    unreadable.append(f"{e.abs} ({dist.name}): {fh.error}")
-                elif os.path.islink(e.abs):
-                    unreadable.append(f"{e.abs} ({dist.name}): broken symbolic link")
-                else:
-                    dist.missing.append(e.shown)
-                continue
-            size += fh.size
-            if on_disk and on_disk.get(e.abs) and dist.name not in on_disk[e.abs]:
-                continue
-            if fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
-                dist.modified.append(
-                    ModifiedFile(
-                        path=e.shown, reason="sha256", expected_size=e.size, actual_size=fh.size
-                    )
-                )
-            elif e.size is not None and fh.size != e.size:
-                dist.modified.append(
-                    ModifiedFile(
-                        path=e.shown, reason="size", expected_size=e.size, actual_size=fh.size
-                    )
-                )
-        dist.size += size
-    in_order = [p for p in first if p in shared] if shared else []  # first-listed order
-    overlaps = [
-        Overlap(
-            path=os.path.relpath(p, shared[p][0].site),
-            owners=sorted(d.name for d in shared[p]),
-            matches=on_disk[p],
-        )
-        for p in in_order
-    ]
-    return sorted(overlaps, key=lambda o: o.path), unreadable
-
-
-def _matches(path: str, who: list[_Dist], fh: FileHash) -> list[str]:
-    """The owners whose RECORD line the file on disk matches (by sha256, else by size)."""
-    lines = [(d.name, e) for d in who for e in d.entries if e.abs == path]
-    if fh.digest is not None:
-        actual = _b64(fh.digest)
-        matching = [name for name, e in lines if e.sha256 == actual]
-    else:
-        matching = [name for name, e in lines if e.size == fh.size]
-    return sorted(set(matching))
-
-
-def _unrecorded(dists: list[_Dist], sites: list[str]) -> list[str]:
-    """Walk site-packages; give each file no RECORD lists to the one distribution owning its
-    folder. Returns the files no single distribution owns."""
-    recorded: set[str] = set()
-    dir_owner: dict[str, set[str]] = {}
-    by_name = {d.name: d for d in dists}
-    for dist in dists:
+def _unrecorded(dists: list[Dist], found: dict[str, list[str]], merged: Merged) -> list[str]:
+    """Give each file ``found`` in site-packages that no RECORD lists to the one distribution
+    owning its folder. Returns the files no single distribution owns."""
+    recorded = merged.recorded
+    owners = merged.folder_owners
+    for number, dist in enumerate(dists):
         recorded.add(os.path.join(dist.site, dist.dist_info, "RECORD"))
-        dir_owner.setdefault(os.path.join(dist.site, dist.dist_info), set()).add(dist.name)
-        inside = dist.site + os.sep
-        name = dist.name
-        for e in dist.entries:
-            recorded.add(e.abs)
-            parent = e.abs.rpartition(os.sep)[0]  # paths here are absolute and normalized
-            while parent.startswith(inside):
-                owners = dir_owner.get(parent)
-                if owners is None:
-                    dir_owner[parent] = {name}
-                elif name in owners:
-                    break
-                else:
-                    owners.add(name)
-                parent = parent.rpartition(os.sep)[0]
+        owners.setdefault(os.path.join(dist.site, dist.dist_info), set()).add(number)
     unowned: list[str] = []
-    for site in sites:
+    for site, paths in found.items():
         cut = len(site) + 1 if os.path.abspath(site) == site else 0
-        for path in _files_under(site):
+        for path in paths:
             if path in recorded:
                 continue
             shown = path[cut:] if cut else os.path.relpath(path, site)
-            owner = _owner_of(path, site, dir_owner)
+            owner = _owner_of(path, site, owners)
             if owner is None:
                 unowned.append(shown)
             else:
-                by_name[owner].unrecorded.append(shown)
+                dists[owner].unrecorded.append(shown)
     return sorted(unowned)
 
 
@@ -424,7 +250,7 @@ def _files_under(top: str) -> Iterator[str]:
                 stack.append(child.path)
 
 
-def _owner_of(path: str, site: str, dir_owner: dict[str, set[str]]) -> str | None:
+def _owner_of(path: str, site: str, dir_owner: dict[str, set[int]]) -> int | None:
     inside = site + os.sep
     parent = path.rpartition(os.sep)[0]
     while parent.startswith(inside):
@@ -443,15 +269,18 @@ def scan_env(python: str, mode: Mode = "full") -> PythonEnv:
 def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     start = time.perf_counter()
     dists = _find_dists(interp.requested, interp.site_packages)
-    unowned: list[str] = []
+    found: dict[str, list[str]] = {}
+
+    def walk() -> None:  # while the workers check the recorded files
+        for site in interp.site_packages:
+            found[site] = list(_files_under(site))
+
     read = time.perf_counter()
-    results = _check_files(
-        dists, mode, meanwhile=lambda: unowned.extend(_unrecorded(dists, interp.site_packages))
-    )
+    merged = records.merge(dists, records.check(dists, mode, meanwhile=walk))
     checked_at = time.perf_counter()
-    overlaps, unreadable_files = _judge(dists, results)
+    unowned = _unrecorded(dists, found, merged)
     # a metadata file RECORD lists is found by both looks: named once
-    unreadable = list(dict.fromkeys([u for d in dists for u in d.unreadable] + unreadable_files))
+    unreadable = list(dict.fromkeys([u for d in dists for u in d.unreadable] + merged.unreadable))
     if unreadable:
         shown = "; ".join(unreadable[:3]) + (
             f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""
@@ -460,9 +289,9 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
             f"{interp.requested}: cannot check every file: {shown}",
             hint="run as a user who can read the whole environment, or repair those files",
         )
-    checked = sum(len(d.entries) for d in dists)
+    checked = sum(d.files for d in dists)
     log.debug(
-        "read RECORDs %.2f s, hashed and walked %.2f s, judged %.2f s",
+        "read RECORDs %.2f s, checked and walked %.2f s, unrecorded files %.2f s",
         read - start, checked_at - read, time.perf_counter() - checked_at,
     )  # fmt: skip
     log.info(
@@ -482,19 +311,19 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
         site_packages=interp.site_packages,
         integrity=mode,
         distributions=sorted((_to_model(d) for d in dists), key=lambda d: (d.name, d.version)),
-        overlaps=overlaps,
+        overlaps=merged.overlaps,
         unowned=unowned,
     )
 
 
-def _to_model(d: _Dist) -> Distribution:
+def _to_model(d: Dist) -> Distribution:
     return Distribution(
         name=d.name,
         version=d.version,
         installer=d.installer,
         dist_info=d.dist_info,
         record_sha256=d.record_sha256,
-        files=len(d.entries),
+        files=d.files,
         size_bytes=d.size,
         modified=sorted(d.modified, key=lambda m: m.path),
         missing=sorted(d.missing),

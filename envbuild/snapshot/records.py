@@ -1,0 +1,323 @@
+"""Every file of an environment checked against its distribution's RECORD, in parallel.
+
+The one process that reads the RECORDs is the part of a check that does not scale, so it does
+as little as it can: it reads each RECORD's text, finds the big files in it with one regular
+expression (their sha256 is the critical path: one file's hash is sequential), and cuts the
+rest into chunks of lines. Workers (forked processes for big checks, see :mod:`hashing`) take
+the big files first, largest first, then the chunks; a worker parses its chunk, looks at each
+file and judges it against its line itself, and returns only what the parent needs: the paths
+(for overlaps and the unrecorded-file walk), the folders they sit in, the total size, and what
+was wrong. :func:`merge` then resolves paths two distributions list: the owner whose line the
+file matches is named, and the others are not told it was modified.
+"""
+
+from __future__ import annotations
+
+import binascii
+import csv
+import io
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from envbuild.snapshot import hashing
+from envbuild.snapshot.hashing import BIG, hash_one, stat_one
+from envbuild.snapshot.model import ModifiedFile, Overlap
+
+Mode = Literal["full", "quick"]
+
+#: Characters of RECORD text per chunk (about 600 lines).
+CHUNK_CHARS = 64 << 10
+#: What looking at one small file costs, in bytes of sha256 (open, read, close: ~25 µs); it
+#: orders chunks among the big files.
+FILE_COST = 32 << 10
+
+_BIG_TAIL = re.compile(r",(\d{7,})$", re.M | re.A)  # a line whose size field has 7+ digits
+
+
+class Entry(NamedTuple):
+    abs: str
+    shown: str  # as RECORD names it, relative to site-packages
+    sha256: str | None  # urlsafe base64, as RECORD writes it
+    size: int | None
+
+
+@dataclass
+class Dist:
+    """One ``.dist-info`` folder: what its metadata says, its RECORD's text, and once checked
+    what was found."""
+
+    name: str
+    version: str
+    installer: str | None
+    site: str
+    dist_info: str
+    record_sha256: str | None = None
+    record_mtime_ns: int = 0
+    record: str | None = None  # the RECORD's text; None when there is none
+    files: int = 0
+    size: int = 0
+    modified: list[ModifiedFile] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unrecorded: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    @property
+    def plain(self) -> bool:
+        """A RECORD without quotes or carriage returns (nearly every one): split directly."""
+        return self.record is not None and '"' not in self.record and "\r" not in self.record
+
+    def entries(self) -> list[Entry]:
+        """Every line of the RECORD as an entry (bytecode and empty lines left out)."""
+        return _entries(self, _rows(self.record or ""), skip_big=False)
+
+
+def _rows(text: str) -> list[list[str]]:
+    """RECORD's CSV rows (empty lines dropped). A RECORD without quotes or carriage returns is
+    split directly: the csv module gives the same fields (a path with a comma is quoted) at
+    several times the cost, paid for every file."""
+    if '"' in text or "\r" in text:
+        return [row for row in csv.reader(io.StringIO(text)) if row]
+    return [line.split(",") for line in text.split("\n") if line]
+
+
+def _is_big(row: list[str]) -> bool:
+    """A plain line whose file gets a job of its own (what :data:`_BIG_TAIL` finds, exactly)."""
+    return len(row) == 3 and len(row[2]) >= 7 and row[2].isascii() and int(row[2]) >= BIG
+
+
+def _skipped(rel: str) -> bool:
+    return "__pycache__" in rel.replace("\\", "/").split("/")
+
+
+def _entries(dist: Dist, rows: list[list[str]], *, skip_big: bool) -> list[Entry]:
+    site = dist.site
+    prefix = site + os.sep
+    out: list[Entry] = []
+    append = out.append
+    for row in rows:
+        rel = row[0]
+        if not rel or ("__pycache__" in rel and _skipped(rel)) or (skip_big and _is_big(row)):
+            continue
+        if rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel:
+            abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
+            shown = os.path.relpath(abs_path, site)
+        else:
+            abs_path, shown = prefix + rel, rel
+        n = len(row)
+        hashed = row[1] if n > 1 else ""
+        digest = hashed[7:].rstrip("=") or None if hashed.startswith("sha256=") else None
+        size = int(row[2]) if n > 2 and row[2].isascii() and row[2].isdigit() else None
+        append(Entry(abs_path, shown, digest, size))
+    return out
+
+
+class Chunk(NamedTuple):
+    """Lines ``start:end`` of distribution ``dist``'s RECORD (its big files left out when it
+    is plain: they are :class:`Big` jobs)."""
+
+    dist: int
+    start: int
+    end: int
+    cost: int
+
+
+class Big(NamedTuple):
+    dist: int
+    entry: Entry
+    cost: int
+
+
+Job = Chunk | Big
+
+
+def plan(dists: Sequence[Dist]) -> list[Job]:
+    """The jobs of a check, costliest first (longest-processing-time-first scheduling)."""
+    jobs: list[Job] = []
+    for number, dist in enumerate(dists):
+        text = dist.record
+        if not text:
+            continue
+        if not dist.plain:  # csv: a quoted field may hold a newline, so the text stays whole
+            jobs.append(Chunk(number, 0, len(text), (text.count("\n") + 1) * FILE_COST))
+            continue
+        for match in _BIG_TAIL.finditer(text):
+            row = text[text.rfind("\n", 0, match.start()) + 1 : match.end()].split(",")
+            if _is_big(row):
+                for entry in _entries(dist, [row], skip_big=False):
+                    jobs.append(Big(number, entry, entry.size or 0))
+        start = 0
+        while start < len(text):
+            end = text.find("\n", start + CHUNK_CHARS)
+            end = len(text) if end < 0 else end + 1
+            jobs.append(Chunk(number, start, end, text.count("\n", start, end) * FILE_COST))
+            start = end
+    jobs.sort(key=lambda job: -job.cost)
+    return jobs
+
+
+class Checked(NamedTuple):
+    """What a worker found for one job (cheap to pickle: no per-file objects but the paths)."""
+
+    dist: int
+    paths: str  # every entry's absolute path, NUL-separated, in RECORD order
+    folders: list[str]  # the folders inside site-packages the entries are in
+    files: int
+    size: int  # of the files found
+    modified: list[tuple[str, ModifiedFile]]  # (absolute path, what differs)
+    missing: list[tuple[str, str]]  # (absolute path, as shown)
+    unreadable: list[tuple[str, str]]  # (absolute path, why)
+    unsure: list[str]  # found, but their line vouches for nothing (no hash, or no size)
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def _b64(digest: bytes) -> str:
+    """urlsafe base64 without padding, as RECORD writes a digest (binascii: it runs per file)."""
+    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
+
+
+def check_job(
+    job: Job, dists: Sequence[Dist], mode: Mode, buffer: bytearray | None = None
+) -> Checked:
+    """Look at each file of ``job`` and judge it against its RECORD line. ``full`` hashes
+    every file; ``quick`` stats it and hashes it only when it was written after the RECORD."""
+    dist = dists[job.dist]
+    if isinstance(job, Big):
+        entries = [job.entry]
+    else:
+        text = (dist.record or "")[job.start : job.end]
+        entries = _entries(dist, _rows(text), skip_big=dist.plain)
+    buffer = buffer if buffer is not None else bytearray(BIG + 1)
+    full = mode == "full"
+    newer_than = dist.record_mtime_ns
+    size = 0
+    modified: list[tuple[str, ModifiedFile]] = []
+    missing: list[tuple[str, str]] = []
+    unreadable: list[tuple[str, str]] = []
+    unsure: list[str] = []
+    for e in entries:
+        fh = hash_one(e.abs, buffer) if full else stat_one(e.abs)
+        if not full and fh.error is None and e.sha256 is not None and fh.mtime_ns > newer_than:
+            fh = hash_one(e.abs, buffer)  # written after the install: is it still the same?
+        if fh.error is not None:
+            if not fh.missing:
+                unreadable.append((e.abs, fh.error))
+            elif os.path.islink(e.abs):
+                unreadable.append((e.abs, "broken symbolic link"))
+            else:
+                missing.append((e.abs, e.shown))
+            continue
+        size += fh.size
+        if fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
+            reason = "sha256"
+        elif e.size is not None and fh.size != e.size:
+            reason = "size"
+        else:
+            if (e.sha256 if fh.digest is not None else e.size) is None:
+                unsure.append(e.abs)
+            continue
+        modified.append(
+            (e.abs, ModifiedFile(path=e.shown, reason=reason, expected_size=e.size,
+                                 actual_size=fh.size))
+        )  # fmt: skip
+    return Checked(
+        job.dist, "\0".join(e.abs for e in entries), _folders(entries, dist.site), len(entries),
+        size, modified, missing, unreadable, unsure,
+    )  # fmt: skip
+
+
+def _folders(entries: list[Entry], site: str) -> list[str]:
+    inside = site + os.sep
+    seen: set[str] = set()
+    for e in entries:
+        parent = e.abs.rpartition(os.sep)[0]  # paths here are absolute and normalized
+        while parent not in seen and parent.startswith(inside):
+            seen.add(parent)
+            parent = parent.rpartition(os.sep)[0]
+    return list(seen)
+
+
+def check(
+    dists: Sequence[Dist],
+    mode: Mode,
+    *,
+    workers: int | None = None,
+    meanwhile: Callable[[], object] | None = None,
+) -> list[Checked]:
+    """Check every recorded file of ``dists``; ``meanwhile`` runs here while workers do."""
+    jobs = plan(dists)
+    workers = workers or hashing.DEFAULT_WORKERS or os.cpu_count() or 1
+    lines = sum(job.cost for job in jobs if isinstance(job, Chunk)) // FILE_COST
+    work = sum(job.cost for job in jobs)
+    processes = hashing._use_processes(workers, work, lines, stat_only=mode == "quick")
+    return hashing.run_jobs(
+        jobs,
+        lambda job, buffer: check_job(job, dists, mode, buffer),
+        workers=workers,
+        processes=processes,
+        meanwhile=meanwhile,
+    )
+
+
+@dataclass
+class Merged:
+    """The checked jobs put together: each distribution's findings are in its :class:`Dist`."""
+
+    overlaps: list[Overlap]
+    unreadable: list[str]  # "path (distribution): why"
+    recorded: set[str]  # every path a RECORD lists
+    folder_owners: dict[str, set[int]]  # folder -> the distributions with files in it
+
+
+def merge(dists: Sequence[Dist], checked: Sequence[Checked]) -> Merged:
+    """Fill in each distribution's findings. A path several distributions list holds the bytes
+    of one of them (the last installed): the owners whose lines it matches are named in the
+    overlap, and the others are not told it was modified, unless it matches none of them."""
+    checked = sorted(checked, key=lambda c: c.dist)  # the first owner is the first listed
+    first: dict[str, int] = {}
+    shared: dict[str, list[int]] = {}
+    folder_owners: dict[str, set[int]] = {}
+    for c in checked:
+        number = c.dist
+        for path in c.paths.split("\0") if c.paths else ():
+            owner = first.setdefault(path, number)
+            if owner != number:
+                who = shared.setdefault(path, [owner])
+                if who[-1] != number:
+                    who.append(number)
+        for folder in c.folders:
+            folder_owners.setdefault(folder, set()).add(number)
+    doubtful: dict[str, set[int]] = {}  # shared path -> owners whose line it does not match
+    if shared:
+        for c in checked:
+            for path in [p for p, _ in c.modified] + [p for p, _ in c.missing] + c.unsure:
+                if path in shared:
+                    doubtful.setdefault(path, set()).add(c.dist)
+            for path, _ in c.unreadable:
+                if path in shared:
+                    doubtful[path] = set(shared[path])
+    matches = {
+        path: sorted({dists[n].name for n in who if n not in doubtful.get(path, ())})
+        for path, who in shared.items()
+    }
+    unreadable: list[str] = []
+    for c in checked:
+        dist = dists[c.dist]
+        dist.files += c.files
+        dist.size += c.size
+        dist.modified += [m for path, m in c.modified if not matches.get(path)]
+        dist.missing += [shown for _, shown in c.missing]
+        unreadable += [f"{path} ({dist.name}): {why}" for path, why in c.unreadable]
+    overlaps = [
+        Overlap(
+            path=os.path.relpath(path, dists[who[0]].site),
+            owners=sorted(dists[n].name for n in who),
+            matches=matches[path],
+        )
+        for path, who in shared.items()
+    ]
+    return Merged(sorted(overlaps, key=lambda o: o.path), unreadable, set(first), folder_owners)
