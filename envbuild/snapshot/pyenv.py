@@ -156,36 +156,41 @@ def _read_file(path: str) -> tuple[bytes, int] | None:
 
 
 def _read_dist(site: str, dist_info: str) -> Dist:
-    folder = os.path.join(site, dist_info)
+    """A distribution's RECORD, which the check needs first; its name and version are guessed
+    from the folder's until :func:`_describe` reads its metadata."""
     stem = dist_info.removesuffix(".dist-info")
     name_guess, _, version_guess = stem.partition("-")
-    unreadable: list[tuple[str, str]] = []  # (path, why), named once the name is known
-
-    def read(name: str) -> tuple[bytes, int] | None:
-        path = os.path.join(folder, name)
-        try:
-            return _read_file(path)
-        except _Unreadable as exc:
-            unreadable.append((path, exc.reason))
-            return None
-
-    meta = read("METADATA")
-    if meta is None and not unreadable:
-        meta = read("PKG-INFO")
-    headers = _headers(meta[0].decode("utf-8", errors="replace")) if meta else {}
-    name = canonicalize_name(headers.get("Name", name_guess))
-    version = headers.get("Version", version_guess) or "unknown"
-    found = read("INSTALLER")
-    installer = found[0].decode("utf-8", errors="replace").strip() if found else None
-    dist = Dist(name, version, installer or None, site, dist_info)
-    found = read("RECORD")
-    dist.unreadable = [f"{path} ({name}): {why}" for path, why in unreadable]
+    dist = Dist(canonicalize_name(name_guess), version_guess or "unknown", None, site, dist_info)
+    found = _read_meta(dist, "RECORD")
     if found is None:  # no RECORD (some installers write none), or one that cannot be read
         return dist
     raw, dist.record_mtime_ns = found
     dist.record_sha256 = hashlib.sha256(raw).hexdigest()
     dist.record = raw.decode("utf-8", errors="replace")
     return dist
+
+
+def _read_meta(dist: Dist, name: str) -> tuple[bytes, int] | None:
+    path = os.path.join(dist.site, dist.dist_info, name)
+    try:
+        return _read_file(path)
+    except _Unreadable as exc:
+        dist.unreadable.append((path, exc.reason))
+        return None
+
+
+def _describe(dist: Dist) -> None:
+    """Name, version and installer from the distribution's metadata (the email parser is slow
+    enough to run while the files are checked, not before)."""
+    before = len(dist.unreadable)
+    meta = _read_meta(dist, "METADATA")
+    if meta is None and len(dist.unreadable) == before:  # none, rather than unreadable
+        meta = _read_meta(dist, "PKG-INFO")
+    headers = _headers(meta[0].decode("utf-8", errors="replace")) if meta else {}
+    dist.name = canonicalize_name(headers.get("Name", dist.name))
+    dist.version = headers.get("Version", dist.version) or "unknown"
+    found = _read_meta(dist, "INSTALLER")
+    dist.installer = found[0].decode("utf-8", errors="replace").strip() or None if found else None
 
 
 def _find_dists(requested: str, sites: Iterable[str]) -> list[Dist]:
@@ -271,16 +276,19 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     dists = _find_dists(interp.requested, interp.site_packages)
     found: dict[str, list[str]] = {}
 
-    def walk() -> None:  # while the workers check the recorded files
+    def meanwhile() -> None:  # while the workers check the recorded files
+        for dist in dists:
+            _describe(dist)
         for site in interp.site_packages:
             found[site] = list(_files_under(site))
 
     read = time.perf_counter()
-    merged = records.merge(dists, records.check(dists, mode, meanwhile=walk))
+    merged = records.merge(dists, records.check(dists, mode, meanwhile=meanwhile))
     checked_at = time.perf_counter()
     unowned = _unrecorded(dists, found, merged)
     # a metadata file RECORD lists is found by both looks: named once
-    unreadable = list(dict.fromkeys([u for d in dists for u in d.unreadable] + merged.unreadable))
+    unreadable = [f"{path} ({d.name}): {why}" for d in dists for path, why in d.unreadable]
+    unreadable = list(dict.fromkeys(unreadable + merged.unreadable))
     if unreadable:
         shown = "; ".join(unreadable[:3]) + (
             f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""

@@ -62,7 +62,7 @@ class Dist:
     modified: list[ModifiedFile] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
 
     @property
     def plain(self) -> bool:
