@@ -166,7 +166,7 @@ def _read_dist(site: str, dist_info: str) -> Dist:
         return dist
     raw, dist.record_mtime_ns = found
     dist.record_sha256 = hashlib.sha256(raw).hexdigest()
-    dist.record = raw.decode("utf-8", errors="replace")
+    dist.record = records.lines(raw)
     return dist
 
 

@@ -18,7 +18,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -65,13 +65,24 @@ class Dist:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
 
     @property
-    def plain(self) -> bool:
-        """A RECORD without quotes or carriage returns (nearly every one): split directly."""
-        return self.record is not None and '"' not in self.record and "\r" not in self.record
+    def cuttable(self) -> bool:
+        """Whether the RECORD can be cut into chunks and its big files found by
+        :func:`plan`: every one but a quoted RECORD with carriage returns (rare: :func:`lines`
+        turns the line ends of an unquoted one into newlines)."""
+        return self.record is not None and "\r" not in self.record
 
     def entries(self) -> list[Entry]:
         """Every line of the RECORD as an entry (bytecode and empty lines left out)."""
         return _entries(self, _rows(self.record or ""), skip_big=False)
+
+
+def lines(raw: bytes) -> str:
+    """A RECORD's text. One without quotes gets newlines for its line ends: csv reads each of
+    CRLF, CR and LF as one, and only a quoted field can hold a CR of its own."""
+    text = raw.decode("utf-8", errors="replace")
+    if "\r" in text and '"' not in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def _rows(text: str) -> list[list[str]]:
@@ -84,8 +95,14 @@ def _rows(text: str) -> list[list[str]]:
 
 
 def _is_big(row: list[str]) -> bool:
-    """A plain line whose file gets a job of its own (what :data:`_BIG_TAIL` finds, exactly)."""
-    return len(row) == 3 and len(row[2]) >= 7 and row[2].isascii() and int(row[2]) >= BIG
+    """A one-line entry whose file gets a job of its own (what :func:`_bigs` finds, exactly)."""
+    return (
+        len(row) == 3
+        and len(row[2]) >= 7
+        and row[2].isascii()
+        and int(row[2]) >= BIG
+        and "\n" not in row[0]
+    )
 
 
 def _skipped(rel: str) -> bool:
@@ -115,8 +132,8 @@ def _entries(dist: Dist, rows: list[list[str]], *, skip_big: bool) -> list[Entry
 
 
 class Chunk(NamedTuple):
-    """Lines ``start:end`` of distribution ``dist``'s RECORD (its big files left out when it
-    is plain: they are :class:`Big` jobs)."""
+    """Lines ``start:end`` of distribution ``dist``'s RECORD, its big files left out when it
+    is cuttable: they are :class:`Big` jobs."""
 
     dist: int
     start: int
@@ -133,6 +150,45 @@ class Big(NamedTuple):
 Job = Chunk | Big
 
 
+def _bigs(dist: Dist) -> Iterator[Entry]:
+    """The entries of a cuttable RECORD for which :func:`_is_big` holds, found by a regular
+    expression instead of parsing every line. A line counts only if the quotes before it and
+    within it are balanced: then it is one whole CSV record."""
+    text = dist.record or ""
+    quotes = '"' in text
+    counted, odd = 0, False  # quotes seen up to ``counted``: is a quoted field open there?
+    for match in _BIG_TAIL.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        line = text[start : match.end()]
+        if quotes:
+            odd ^= text.count('"', counted, start) % 2 == 1
+            counted = start
+            if odd or line.count('"') % 2:
+                continue
+            row = next(csv.reader([line]))
+        else:
+            row = line.split(",")
+        if _is_big(row):
+            yield from _entries(dist, [row], skip_big=False)
+
+
+def _cuts(text: str) -> Iterator[tuple[int, int]]:
+    """``text`` in pieces of about :data:`CHUNK_CHARS`, each ending at a line end outside any
+    quoted field."""
+    start, counted, odd = 0, 0, False
+    while start < len(text):
+        end = text.find("\n", start + CHUNK_CHARS)
+        while end >= 0:
+            odd ^= text.count('"', counted, end) % 2 == 1
+            counted = end
+            if not odd:
+                break
+            end = text.find("\n", end + 1)
+        end = len(text) if end < 0 else end + 1
+        yield start, end
+        start = end
+
+
 def plan(dists: Sequence[Dist]) -> list[Job]:
     """The jobs of a check, costliest first (longest-processing-time-first scheduling)."""
     jobs: list[Job] = []
@@ -140,20 +196,12 @@ def plan(dists: Sequence[Dist]) -> list[Job]:
         text = dist.record
         if not text:
             continue
-        if not dist.plain:  # csv: a quoted field may hold a newline, so the text stays whole
+        if not dist.cuttable:
             jobs.append(Chunk(number, 0, len(text), (text.count("\n") + 1) * FILE_COST))
             continue
-        for match in _BIG_TAIL.finditer(text):
-            row = text[text.rfind("\n", 0, match.start()) + 1 : match.end()].split(",")
-            if _is_big(row):
-                for entry in _entries(dist, [row], skip_big=False):
-                    jobs.append(Big(number, entry, entry.size or 0))
-        start = 0
-        while start < len(text):
-            end = text.find("\n", start + CHUNK_CHARS)
-            end = len(text) if end < 0 else end + 1
+        jobs += [Big(number, entry, entry.size or 0) for entry in _bigs(dist)]
+        for start, end in _cuts(text):
             jobs.append(Chunk(number, start, end, text.count("\n", start, end) * FILE_COST))
-            start = end
     jobs.sort(key=lambda job: -job.cost)
     return jobs
 
@@ -190,7 +238,7 @@ def check_job(
         entries = [job.entry]
     else:
         text = (dist.record or "")[job.start : job.end]
-        entries = _entries(dist, _rows(text), skip_big=dist.plain)
+        entries = _entries(dist, _rows(text), skip_big=dist.cuttable)
     buffer = buffer if buffer is not None else bytearray(BIG + 1)
     full = mode == "full"
     newer_than = dist.record_mtime_ns

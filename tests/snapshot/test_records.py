@@ -4,12 +4,15 @@ forked workers judging alike to threads."""
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,20 +27,23 @@ def b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def install(site: Path, name: str, files: dict[str, bytes], extra: list[str] = ()) -> Path:  # type: ignore[assignment]
-    """A distribution as an installer leaves it: its files, METADATA and a RECORD."""
+def install(
+    site: Path, name: str, files: dict[str, bytes], extra: Sequence[str] = (), end: str = "\n"
+) -> None:
+    """A distribution as an installer leaves it: its files, METADATA and a RECORD written by
+    the csv module (quotes where a path needs them, ``end`` after each line)."""
     info = site / f"{name}-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    lines = []
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator=end)
     for rel, data in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_bytes(data)
-        quoted = f'"{rel}"' if "," in rel else rel
-        lines.append(f"{quoted},sha256={b64(data)},{len(data)}")
-    lines += [*extra, f"{name}-1.0.dist-info/METADATA,,", f"{name}-1.0.dist-info/RECORD,,"]
-    (info / "RECORD").write_text("\n".join(lines) + "\n")
-    return info
+        writer.writerow([rel, f"sha256={b64(data)}", len(data)])
+    out.write("".join(line + end for line in extra))
+    writer.writerows([[f"{name}-1.0.dist-info/{n}", "", ""] for n in ("METADATA", "RECORD")])
+    (info / "RECORD").write_bytes(out.getvalue().encode())
 
 
 @pytest.fixture
@@ -57,7 +63,13 @@ def site(tmp_path: Path) -> Path:
         ],
     )  # fmt: skip
     install(site, "late", {"late/a.so": big[::-1], "common/x.py": b"late\n"})
-    install(site, "comma", {"comma/a,b.py": b"q = 1\n", "comma/big.so": big})
+    install(
+        site, "comma",
+        {"comma/a,b.py": b"q = 1\n", "comma/big.so": big, "comma/c,d.so": big,
+         "comma/two\nlines.so": big, 'comma/"q".py': b""},
+    )  # fmt: skip
+    install(site, "crlf", {"crlf/a.so": big, "crlf/b.py": b"b\n"}, end="\r\n")
+    install(site, "crlfq", {"crlfq/a,b.so": big, "crlfq/c.py": b"c\n"}, end="\r\n")
     (site / "early" / "m007.py").write_text("x = 7\nprint('DEBUG')\n")
     (site / "early" / "huge.so").write_bytes(big * 2 + os.urandom(hashing.BIG + 5))  # same size
     (site / "early" / "m008.py").unlink()
@@ -68,22 +80,29 @@ def site(tmp_path: Path) -> Path:
     return site
 
 
-def test_every_line_is_in_exactly_one_job(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(records, "CHUNK_CHARS", 1000)  # several chunks per RECORD
+@pytest.mark.parametrize("chunk", [1, 1000])  # 1: a cut after every line it may cut at
+def test_every_line_is_in_exactly_one_job(
+    site: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr(records, "CHUNK_CHARS", chunk)
     dists = _find_dists("test", [str(site)])
     jobs = records.plan(dists)
     got: Counter[tuple[int, str]] = Counter()
     for job in jobs:
         checked = records.check_job(job, dists, "quick")
-        assert checked.dist == job.dist and checked.files == checked.paths.count("\0") + 1
-        got.update((job.dist, path) for path in checked.paths.split("\0"))
+        paths = checked.paths.split("\0") if checked.paths else []
+        assert (checked.dist, checked.files) == (job.dist, len(paths))
+        got.update((job.dist, path) for path in paths)
     assert got == Counter((n, e.abs) for n, d in enumerate(dists) for e in d.entries())
     chunks = [j for j in jobs if isinstance(j, records.Chunk)]
     per_dist = Counter(dists[j.dist].name for j in chunks)
-    assert per_dist["early"] > 1 and per_dist["comma"] == 1  # csv text is never cut
+    assert per_dist["early"] > 1 and per_dist["crlfq"] == 1
     bigs = [j for j in jobs if isinstance(j, records.Big)]
-    # the plain RECORDs' big files are jobs of their own, the quoted one's stays in its chunk
-    assert sorted(Path(j.entry.abs).name for j in bigs) == ["a.so", "huge.so", "lib.so"]
+    # big files are jobs of their own, but for one on two lines and those of a quoted RECORD
+    # with carriage returns, which stays whole
+    assert sorted(os.path.relpath(j.entry.abs, site) for j in bigs) == [
+        "comma/big.so", "comma/c,d.so", "crlf/a.so", "early/huge.so", "early/lib.so", "late/a.so",
+    ]  # fmt: skip
     assert jobs[0] == max(bigs, key=lambda j: j.cost)  # the biggest file first
     assert [j.cost for j in jobs] == sorted((j.cost for j in jobs), reverse=True)
 
@@ -107,7 +126,9 @@ def test_the_findings(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert early["missing"] == ["early/m008.py"]
     assert early["unrecorded"] == ["early/hack.py"]
     assert [(m["path"], m["reason"]) for m in late["modified"]] == [("late/a.so", "sha256")]
-    assert by_name["comma"]["modified"] == []
+    for clean in ("comma", "crlf", "crlfq"):
+        assert by_name[clean]["modified"] == by_name[clean]["missing"] == [], clean
+    assert by_name["comma"]["files"] == 5 + 2
     # common/x.py holds late's bytes: early, installed first, is not told it was modified
     assert env["overlaps"] == [
         {"path": "common/x.py", "owners": ["early", "late"], "matches": ["late"]}
