@@ -93,6 +93,7 @@ def cold_read(files: list[tuple[str, int]]) -> float:
 
 CHECK = """
 import hashlib, json, sys, time
+import envbuild
 from envbuild.snapshot.pyenv import probe, scan_site_packages
 interp = probe(sys.argv[1])
 t0 = time.perf_counter()
@@ -104,12 +105,16 @@ print(json.dumps({"s": seconds, "bytes": sum(d.size_bytes for d in env.distribut
 
 
 def child_check(source: Path, venv: Path, mode: Mode) -> dict[str, Any]:
-    """One check in a fresh Python importing envbuild from ``source``."""
+    """One check in a fresh Python importing envbuild from ``source``. It runs in ``source``:
+    ``python -c`` puts its working directory before PYTHONPATH, so run from this checkout it
+    would import this checkout's envbuild whatever ``source`` says."""
+    source = source.resolve()
     path = os.pathsep.join(x for x in (str(source), os.environ.get("PYTHONPATH")) if x)
     env = dict(os.environ, PYTHONPATH=path)
     done = subprocess.run(
-        [sys.executable, "-c", CHECK, str(venv), mode],
-        env=env, capture_output=True, text=True, check=True,
+        [sys.executable, "-c", CHECK + f"assert envbuild.__file__.startswith({str(source)!r})\n",
+         str(venv), mode],
+        env=env, capture_output=True, text=True, check=True, cwd=source,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
