@@ -1,14 +1,14 @@
-"""Parallel sha256 of many files, close to what the machine's cores can hash.
+"""Looking at many files in parallel, close to what the machine's cores can hash.
 
-Big jobs run in a pool of forked processes, one per core: measured on a 16-core H200 machine,
-threads stalled at ~1.7 GB/s (the GIL around each small file's open/read/close, and page faults of
-one address space), far below the 17 GB/s the cores can hash. Files go largest first (sha256 of one
-file is sequential, so the biggest file is the critical path: longest-processing-time-first
-scheduling) and small files in batches. Workers use bare file descriptors (one ``read`` of a
-small file, a mapping of a big one) and send back :class:`FileHash` tuples, which are cheap to
-pickle: the parent, which also parses and judges, is the part that does not scale. Small jobs,
-or a process that already runs other threads (fork would be unsafe), use threads. A FIFO is
-opened non-blocking and never read.
+:func:`run_jobs` runs jobs in a pool of forked processes, one per core, or in threads. Big jobs
+fork: measured on a 16-core H200 machine, threads stalled at ~1.7 GB/s (the GIL around each
+small file's open/read/close, and page faults of one address space), far below the 17 GB/s the
+cores can hash. The children inherit the jobs and take their numbers from a pipe, first come
+first served; the caller orders them costliest first (longest-processing-time-first
+scheduling). Small jobs, or a process that already runs other threads (fork would be unsafe),
+use threads. :func:`hash_one` uses bare file descriptors (one ``read`` of a small file, a
+mapping of a big one); a FIFO is opened non-blocking and never read. :func:`hash_files` hashes a
+list of paths, big files alone and small ones in batches.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ two distributions are *overlaps*; the owner whose bytes are on disk is named. Co
 (``__pycache__``) is skipped: interpreters rewrite it at will.
 
 ``full`` hashes every file; ``quick`` stats every file (missing, size) and hashes only those
-whose mtime is newer than their distribution's RECORD, i.e. written after the install.
+whose mtime is newer than their distribution's RECORD, i.e. written after the install. The
+check runs in parallel workers (:mod:`envbuild.snapshot.records`).
 """
 
 from __future__ import annotations
