@@ -234,16 +234,19 @@ def _unrecorded(dists: list[Dist], found: dict[str, list[str]], merged: Merged) 
     return sorted(unowned)
 
 
-def _files_under(top: str) -> Iterator[str]:
+def _files_under(top: str, unlistable: list[tuple[str, str]]) -> Iterator[str]:
     """Every non-directory below ``top`` (as ``os.walk`` finds them: links to directories are
-    neither followed nor listed, unreadable directories are skipped), not inside __pycache__."""
+    neither followed nor listed), not inside __pycache__. A folder that cannot be listed goes to
+    ``unlistable`` with the reason: a file dropped into it would not be seen."""
     stack = [top]
     while stack:
         folder = stack.pop()
         try:
             with os.scandir(folder) as it:
                 children = list(it)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # not gone since its parent
+                unlistable.append((folder, exc.strerror or str(exc)))
             continue
         for child in children:
             try:
@@ -276,12 +279,13 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     start = time.perf_counter()
     dists = _find_dists(interp.requested, interp.site_packages)
     found: dict[str, list[str]] = {}
+    unlistable: list[tuple[str, str]] = []
 
     def meanwhile() -> None:  # while the workers check the recorded files
         for dist in dists:
             _describe(dist)
         for site in interp.site_packages:
-            found[site] = list(_files_under(site))
+            found[site] = list(_files_under(site, unlistable))
 
     read = time.perf_counter()
     merged = records.merge(dists, records.check(dists, mode, meanwhile=meanwhile))
@@ -290,6 +294,7 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     # a metadata file RECORD lists is found by both looks: named once
     unreadable = [f"{path} ({d.name}): {why}" for d in dists for path, why in d.unreadable]
     unreadable = list(dict.fromkeys(unreadable + merged.unreadable))
+    unreadable += [f"{folder}: cannot list it: {why}" for folder, why in unlistable]
     if unreadable:
         shown = "; ".join(unreadable[:3]) + (
             f" (and {len(unreadable) - 3} more)" if len(unreadable) > 3 else ""

@@ -173,6 +173,14 @@ def test_site_packages_the_user_cannot_list(venv: Path) -> None:
     _failed_cleanly(done, f"cannot list its site-packages {sp}: Permission denied")
 
 
+def test_a_folder_the_user_cannot_list(venv: Path) -> None:
+    """Its recorded files can still be checked, but a debug file dropped into it could not be
+    seen: the check would be incomplete."""
+    models = site_packages(venv) / "alpha" / "models"
+    done = _snapshot_as_plain_user(venv, models, mode=0o311)  # may enter, may not list
+    _failed_cleanly(done, "cannot check every file", f"{models}: cannot list it: Permission denied")
+
+
 @pytest.mark.parametrize("name", ["RECORD", "METADATA"])
 def test_a_fifo_in_dist_info_is_unreadable_not_a_hang(venv: Path, name: str) -> None:
     """envbuild reads these itself before any file is hashed: opened for reading, a FIFO with
