@@ -157,6 +157,7 @@ def apply(
                 services_note=getattr(services, "reason", ""),
                 rejected=[(c.number, c.problems) for c in (found.rejected if found else [])],
                 pending=_pending(paths) if options.dry_run else None,
+                packages=[(p.name, p.version) for p in inp.lock.packages],
             ),
         )
         outcome = ApplyOutcome(spec.name, inp.origin, report, recovered=recovered)

@@ -100,6 +100,15 @@ class PreflightInput:
     rejected: list[tuple[int, list[str]]] = field(default_factory=list)
     #: A switch that was cut short, which apply undoes first (said by a dry run, which does not).
     pending: str | None = None
+    #: The locked packages, (name, version): some compile GPU code at run time.
+    packages: list[tuple[str, str]] = field(default_factory=list)
+
+
+#: NVIDIA's run-time compilers on PyPI (their versions are the CUDA release they come from):
+#: PTX they emit needs a driver of that CUDA release or newer.
+JIT_COMPILERS = frozenset(
+    {"nvidia-nvjitlink", "nvidia-cuda-nvrtc", "nvidia-cuda-nvcc", "nvidia-nvvm"}
+)
 
 
 def _norm_gpu(name: str) -> str:
@@ -148,6 +157,11 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
         )
     else:
         add(Check("driver", Status.OK, f"driver {driver}"))
+
+    if spec.host is not None and driver == spec.host.driver:
+        newer = _jit_check(probe.cuda_driver_version(), given.packages)
+        if newer is not None:
+            add(newer)
 
     # -- GPUs --------------------------------------------------------------------------------
     if spec.host is not None and gpus is not None:
@@ -327,6 +341,38 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
             )
         )
     return report
+
+
+def _cuda_of(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _jit_check(cuda: str | None, packages: list[tuple[str, str]]) -> Check | None:
+    """A warning when the lock's run-time compilers come from a CUDA newer than the driver's:
+    the driver cannot load PTX newer than its own CUDA (CUDA minor version compatibility runs
+    the rest). SASS for the GPU's architecture still loads, so this does not stop apply."""
+    runs = _cuda_of(cuda or "")
+    if runs is None:
+        return None
+    newer = [
+        f"{name} {version}"
+        for name, version in packages
+        if re.sub(r"-cu\d+$", "", name) in JIT_COMPILERS
+        and (made := _cuda_of(version)) is not None
+        and made[0] == runs[0]
+        and made > runs
+    ]
+    if not newer:
+        return None
+    return Check(
+        "cuda-jit",
+        Status.WARN,
+        f"the lock's run-time compilers ({', '.join(newer)}) are newer than CUDA {cuda}, the "
+        "newest this driver runs: PTX they emit cannot be loaded (CUDA_ERROR_UNSUPPORTED_PTX_"
+        "VERSION), so kernels compiled at run time to PTX fail; compiled to SASS they load",
+        f"pin them to {cuda}.* in the spec's packages and relock, or upgrade the driver",
+    )
 
 
 def _who(p: GpuProcess) -> str:

@@ -62,6 +62,10 @@ class HostProbe(ABC):
     def cuda_toolkit(self) -> Toolkit | None:
         """The toolkit a source build would use, or None."""
 
+    def cuda_driver_version(self) -> str | None:
+        """The newest CUDA the driver runs (``13.1``), or None when this probe cannot tell."""
+        return None
+
     def free_bytes(self, path: Path) -> int:
         """Free space on the file system that holds (or will hold) ``path``."""
         probe = Path(path)
@@ -93,6 +97,9 @@ class SystemProbe(HostProbe):
 
     def driver_version(self) -> str:
         return self.section().driver_version or "unknown"
+
+    def cuda_driver_version(self) -> str | None:
+        return self.section().cuda_driver_version
 
     def gpus(self) -> list[Gpu]:
         return [Gpu(g.index, g.name, g.memory_total_bytes) for g in self.section().gpus]

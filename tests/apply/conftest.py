@@ -87,6 +87,8 @@ def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         fake_vllm_wheel(dist, "0.0.1"),
         fake_vllm_wheel(dist, "0.0.2"),
         published_with_a_wrong_record(dist),
+        # NVIDIA's run-time compiler from a CUDA newer than the fake driver's (13.1)
+        make_wheel(dist, "nvidia-nvjitlink", "13.5.37", {"nvidia/nvjitlink/__init__.py": ""}),
     ]
     uploaded = datetime(2025, 6, 1, tzinfo=UTC)
     root = work / "root"

@@ -11,8 +11,9 @@ from apply.conftest import Experiment, Machine
 from support.fakesystemd import FakeNvml
 
 from envbuild.apply.paths import Paths
-from envbuild.apply.preflight import Kind, PreflightInput, Status, run_preflight
+from envbuild.apply.preflight import Kind, PreflightInput, PreflightReport, Status, run_preflight
 from envbuild.apply.probe import SystemProbe, Toolkit
+from envbuild.lock import lock_spec
 from envbuild.spec import load_spec
 from envbuild.spec.model import Cuda
 
@@ -151,3 +152,62 @@ def test_a_source_build_needs_a_matching_toolkit(
     assert check.status is status and words in check.message
     assert check.kind is Kind.ENVIRONMENT
     assert report.exit_code == (3 if status is Status.FAIL else 0)
+
+
+def _preflight(spec_path: Path, root: Path, packages: list[tuple[str, str]]) -> PreflightReport:
+    return run_preflight(
+        SystemProbe(FakeNvml()),  # driver 590.48.01, which runs CUDA 13.1
+        Paths(root),
+        PreflightInput(
+            spec=load_spec(spec_path).spec, unit=None, keep_units=frozenset(), running_units=[],
+            builds_missing={}, secrets_missing=[], python="/usr/bin/python3", agreed=False,
+            can_start=True, packages=packages,
+        ),
+    )  # fmt: skip
+
+
+def test_apply_warns_of_the_locks_run_time_compilers(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    spec = experiment("jit", lock=False)
+    with spec.open("a") as f:
+        f.write('\n[packages]\nnvidia-nvjitlink = "==13.5.37"\n')
+    lock_spec(load_spec(spec))
+    r = cli("apply", spec, "--root", machine.root, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    status, message = checks(r.json())["cuda-jit"]
+    assert status == "warn" and "(nvidia-nvjitlink 13.5.37)" in message
+
+
+def test_run_time_compilers_newer_than_the_driver_are_a_warning(
+    experiment: Experiment, tmp_path: Path
+) -> None:
+    """The seed locks' case: CUDA 13.5 JIT wheels on a driver that runs CUDA 13.1."""
+    spec = experiment("tiny-a", lock=False)
+    locked = [
+        ("nvidia-nvjitlink", "13.5.37"),
+        ("nvidia-cuda-nvrtc-cu13", "13.2.51"),
+        ("nvidia-cuda-nvcc", "13.1.80"),
+        ("nvidia-cublas", "13.5.1.2"),
+        ("torch", "2.14.0"),
+    ]
+    report = _preflight(spec, tmp_path, locked)  # fmt: skip
+    [check] = [c for c in report.checks if c.name == "cuda-jit"]
+    assert check.status is Status.WARN
+    assert "nvidia-nvjitlink 13.5.37, nvidia-cuda-nvrtc-cu13 13.2.51)" in check.message
+    assert "newer than CUDA 13.1" in check.message and "PTX" in check.message
+    assert check.hint is not None and "13.1.*" in check.hint
+    assert report.exit_code == 0  # SASS still loads: apply goes ahead
+
+
+@pytest.mark.parametrize(
+    "locked",
+    [[("nvidia-nvjitlink", "13.1.80"), ("nvidia-nvvm", "13.0.88")],
+     [("nvidia-cuda-nvrtc-cu12", "12.9.86")],  # another major: not this driver's minor rule
+     []],
+)  # fmt: skip
+def test_run_time_compilers_the_driver_runs_say_nothing(
+    experiment: Experiment, tmp_path: Path, locked: list[tuple[str, str]]
+) -> None:
+    report = _preflight(experiment("tiny-a", lock=False), tmp_path, locked)
+    assert [c.name for c in report.checks if c.name == "cuda-jit"] == []
