@@ -16,6 +16,7 @@ from envbuild.apply.modelcache import cached_bytes
 from envbuild.apply.paths import Paths
 from envbuild.apply.probe import Gpu, GpuProcess, HostProbe
 from envbuild.errors import EnvironmentFailure, ExitCode
+from envbuild.spec import knowledge as kb
 from envbuild.spec.model import Spec
 
 GIB = 1 << 30
@@ -102,13 +103,6 @@ class PreflightInput:
     pending: str | None = None
     #: The locked packages, (name, version): some compile GPU code at run time.
     packages: list[tuple[str, str]] = field(default_factory=list)
-
-
-#: NVIDIA's run-time compilers on PyPI (their versions are the CUDA release they come from):
-#: PTX they emit needs a driver of that CUDA release or newer.
-JIT_COMPILERS = frozenset(
-    {"nvidia-nvjitlink", "nvidia-cuda-nvrtc", "nvidia-cuda-nvcc", "nvidia-nvvm"}
-)
 
 
 def _norm_gpu(name: str) -> str:
@@ -343,26 +337,11 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
     return report
 
 
-def _cuda_of(version: str) -> tuple[int, int] | None:
-    m = re.match(r"(\d+)\.(\d+)", version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def _jit_check(cuda: str | None, packages: list[tuple[str, str]]) -> Check | None:
     """A warning when the lock's run-time compilers come from a CUDA newer than the driver's:
     the driver cannot load PTX newer than its own CUDA (CUDA minor version compatibility runs
     the rest). SASS for the GPU's architecture still loads, so this does not stop apply."""
-    runs = _cuda_of(cuda or "")
-    if runs is None:
-        return None
-    newer = [
-        f"{name} {version}"
-        for name, version in packages
-        if re.sub(r"-cu\d+$", "", name) in JIT_COMPILERS
-        and (made := _cuda_of(version)) is not None
-        and made[0] == runs[0]
-        and made > runs
-    ]
+    newer = kb.newer_run_time_compilers(cuda, packages) if cuda else []
     if not newer:
         return None
     return Check(

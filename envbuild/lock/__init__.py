@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envbuild.errors import ManifestError, NewerFormat, OutputError
@@ -44,6 +44,7 @@ from envbuild.lock.model import (
 from envbuild.lock.pin import BaseMode, BasePinner, PinnedBase
 from envbuild.lock.resolve import resolve
 from envbuild.lock.target import Target, requirements_of, target_of
+from envbuild.spec import knowledge as kb
 from envbuild.spec.load import LoadedSpec
 
 log = logging.getLogger("envbuild.lock")
@@ -60,6 +61,7 @@ class LockResult:
     changed: bool  # False when the file already had exactly these bytes
     sha256: str  # of the lock file's bytes
     base: str = "spec"  # spec | given | reused | resolved | unpinned (PinnedBase.source)
+    warnings: list[str] = field(default_factory=list)  # what the lock holds that may not work
 
     def as_dict(self, shown_path: str) -> dict[str, object]:
         return {
@@ -71,6 +73,7 @@ class LockResult:
             "packages": len(self.lock.packages),
             "builds": [b.name for b in self.lock.envbuild.builds],
             "base": self.base_summary(),
+            "warnings": self.warnings,
         }
 
     def base_summary(self) -> dict[str, object]:
@@ -157,9 +160,33 @@ def lock_spec(
         log.info("wrote %s (%d packages)", loaded.display(path), len(lock.packages))
     else:
         log.info("%s is up to date (%d packages)", loaded.display(path), len(lock.packages))
+    warnings = driver_warnings(loaded, lock)
+    for warning in warnings:
+        log.warning("%s: %s", loaded.display(path), warning)
     return LockResult(
-        loaded.display(loaded.path), path, lock, changed, sha256_bytes(data), pinned.source
-    )
+        loaded.display(loaded.path), path, lock, changed, sha256_bytes(data), pinned.source,
+        warnings,
+    )  # fmt: skip
+
+
+def driver_warnings(loaded: LoadedSpec, lock: Lock) -> list[str]:
+    """Locked run-time compilers from a CUDA newer than ``host.driver`` runs: the driver
+    cannot load the PTX they emit. (``apply`` warns again, against the real driver.)"""
+    host = loaded.spec.host
+    if host is None:
+        return []
+    out = []
+    packages = [(p.name, p.version) for p in lock.packages if kb.is_run_time_compiler(p.name)]
+    for major in sorted({int(m) for _, v in packages if (m := v.split(".")[0]).isdigit()}):
+        runs = kb.newest_cuda_for(host.driver, major)
+        newer = kb.newer_run_time_compilers(runs, packages) if runs else []
+        if newer:
+            out.append(
+                f"run-time compilers {', '.join(newer)} are newer than CUDA {runs}, the newest "
+                f"driver {host.driver} runs: it cannot load the PTX they emit (SASS loads); "
+                f"pin them to {runs}.* in [packages], or raise host.driver"
+            )
+    return out
 
 
 def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:

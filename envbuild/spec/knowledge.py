@@ -13,6 +13,7 @@ import difflib
 import functools
 import re
 import tomllib
+from collections.abc import Iterable
 from importlib import resources
 from typing import Annotated, Literal
 
@@ -209,6 +210,50 @@ def min_driver(cuda: str) -> CudaMinDriver | None:
 def major_min_driver(major: int) -> CudaMajorMinDriver | None:
     """The driver any CUDA ``major``.x release needs (minor version compatibility)."""
     return next((f for f in knowledge().cuda_major_min_driver if f.major == major), None)
+
+
+def newest_cuda_for(driver: str, major: int) -> str | None:
+    """The newest ``MAJOR.MINOR`` release of CUDA ``major`` whose GA minimum ``driver`` meets."""
+    fits = [
+        Version(f.cuda)
+        for f in knowledge().cuda_min_driver
+        if Version(f.cuda).major == major and driver_key(driver) >= driver_key(f.driver)
+    ]
+    newest = max(fits, default=None)
+    return f"{newest.major}.{newest.minor}" if newest else None
+
+
+#: NVIDIA's run-time compilers on PyPI (``-cu12``/``-cu13`` names too). Their versions are the
+#: CUDA release they come from, and PTX they emit needs a driver of that release or newer.
+RUN_TIME_COMPILERS = frozenset(
+    {"nvidia-nvjitlink", "nvidia-cuda-nvrtc", "nvidia-cuda-nvcc", "nvidia-nvvm"}
+)
+
+
+def newer_run_time_compilers(cuda: str, packages: Iterable[tuple[str, str]]) -> list[str]:
+    """``name version`` of each run-time compiler among ``packages`` from a CUDA minor newer
+    than ``cuda`` (the newest the driver runs) of the same major: the driver cannot load the
+    PTX it emits (SASS still loads: CUDA minor version compatibility)."""
+    runs = _minor(cuda)
+    if runs is None:
+        return []
+    return [
+        f"{name} {version}"
+        for name, version in packages
+        if is_run_time_compiler(name)
+        and (made := _minor(version)) is not None
+        and made[0] == runs[0]
+        and made > runs
+    ]
+
+
+def is_run_time_compiler(name: str) -> bool:
+    return re.sub(r"-cu\d+$", "", name) in RUN_TIME_COMPILERS
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def toolkit_archs(cuda: str) -> CudaArchs | None:

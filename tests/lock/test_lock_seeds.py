@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.lock import check_lock, lock_path, read_lock
+from envbuild.lock import check_lock, driver_warnings, lock_path, read_lock
 from envbuild.lock.model import DebianBaseLock
 from envbuild.spec import load_spec
 
@@ -44,6 +44,21 @@ def test_committed_debian_bases_are_pinned_and_the_seeds_share_one():
         pinned[spec.stem] = base
     seeds = [pinned[name] for name in sorted(SEEDS)]
     assert all(base == seeds[0] for base in seeds)
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_the_seed_locks_run_time_compilers_are_newer_than_their_driver(name):
+    """CUDA 13.5's nvjitlink, nvcc and nvvm came in through torch's and flashinfer's
+    dependencies; the specs' driver 590.48.01 runs CUDA 13.1. Locking says so (apply too)."""
+    loaded = load_spec(REPO / "specs" / f"{name}.toml")
+    [warning] = driver_warnings(loaded, read_lock(lock_path(loaded)))
+    assert "nvidia-nvjitlink 13.5.37" in warning and "newer than CUDA 13.1" in warning
+    assert "driver 590.48.01" in warning and "13.1.*" in warning
+
+
+def test_a_lock_without_run_time_compilers_has_no_driver_warning():
+    loaded = load_spec(REPO / "specs" / "quickstart.toml")
+    assert driver_warnings(loaded, read_lock(lock_path(loaded))) == []
 
 
 def test_glm5_locks_flash_attn_as_an_sdist_with_its_flags():

@@ -48,6 +48,29 @@ def test_cuda_minimum_drivers(cuda, driver):
     assert fact is not None and fact.driver == driver
 
 
+@pytest.mark.parametrize(
+    ("driver", "newest"),
+    [("590.48.01", "13.1"), ("595.45.04", "13.2"), ("580.65.06", "13.0"), ("575.51.03", None)],
+)
+def test_the_newest_cuda_a_driver_runs(driver, newest):
+    assert kb.newest_cuda_for(driver, 13) == newest
+
+
+def test_run_time_compilers_newer_than_the_drivers_cuda():
+    locked = [
+        ("nvidia-nvjitlink", "13.5.37"),
+        ("nvidia-cuda-nvrtc-cu13", "13.1.80"),
+        ("nvidia-nvvm", "13.2.0"),
+        ("nvidia-cuda-nvcc-cu12", "12.9.86"),
+        ("nvidia-cublas", "13.5.1"),
+        ("nvidia-nvjitlink", "not-a-version"),
+    ]
+    assert kb.newer_run_time_compilers("13.1", locked) == [
+        "nvidia-nvjitlink 13.5.37", "nvidia-nvvm 13.2.0"
+    ]  # fmt: skip
+    assert kb.newer_run_time_compilers("13.5", locked) == []
+
+
 def test_cuda_13_needs_580_and_dropped_archs_below_7_5():
     floor = kb.major_min_driver(13)
     assert floor is not None and kb.driver_key(floor.driver) == (580,)

@@ -122,7 +122,7 @@ def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
                 "upgrade the driver, or use a torch built for an older CUDA",
             )
         elif ga and kb.driver_key(driver) < kb.driver_key(ga.driver):
-            older = _newest_cuda_for(driver, major)
+            older = kb.newest_cuda_for(driver, major)
             yield loaded.problem(
                 ("torch", "cuda"),
                 f"torch's {torch.cuda} wheels are CUDA {variant} builds and driver {driver} is "
@@ -142,17 +142,6 @@ def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
             f"use a CUDA {major}.x toolkit, or a torch built for CUDA "
             f"{spec.cuda.version.split('.')[0]}",
         )
-
-
-def _newest_cuda_for(driver: str, major: int) -> str | None:
-    """The newest ``MAJOR.MINOR`` release of CUDA ``major`` whose GA minimum ``driver`` meets."""
-    fits = [
-        Version(f.cuda)
-        for f in kb.knowledge().cuda_min_driver
-        if Version(f.cuda).major == major and kb.driver_key(driver) >= kb.driver_key(f.driver)
-    ]
-    newest = max(fits, default=None)
-    return f"{newest.major}.{newest.minor}" if newest else None
 
 
 def vllm_pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
