@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal, cast
@@ -462,7 +462,9 @@ def _layers(
     defer_to: Future[Any] | None = None,
 ) -> None:
     """Install and pack ``todo`` (or find them in the store), ``WORKERS`` at a time; while
-    ``defer_to`` runs, at a lower priority (see :func:`_defer`)."""
+    ``defer_to`` runs, at a lower priority (see :func:`_defer`). When a layer fails, or
+    ``defer_to`` does, the layers not started yet are dropped and this returns once the running
+    ones finish (what they made stays in the store): a failed base is the caller's to raise."""
     init = (lambda: _defer(defer_to)) if defer_to is not None else None
     with ThreadPoolExecutor(max_workers=WORKERS, initializer=init) as pool:
         jobs = {
@@ -479,10 +481,21 @@ def _layers(
             )
             for layer in todo
         }
-        for layer in todo:
-            got, reused = jobs[layer.name].result()
-            low.built[layer.name] = got
-            (result.reused if reused else result.rebuilt).append(layer.name)
+        pending: set[Future[Any]] = set(jobs.values())
+        base = {defer_to} if defer_to is not None else set()
+        while pending:
+            done, _ = wait(pending | base, return_when=FIRST_COMPLETED)
+            if any(f.exception() is not None for f in done):
+                pool.shutdown(cancel_futures=True)
+                break
+            pending -= done
+            base -= done
+    if defer_to is not None and defer_to.done() and defer_to.exception() is not None:
+        return
+    for layer in todo:  # the pool takes jobs in this order: none dropped before a failed one
+        got, reused = jobs[layer.name].result()  # raises the first failed layer's error
+        low.built[layer.name] = got
+        (result.reused if reused else result.rebuilt).append(layer.name)
 
 
 #: The niceness of the layer workers while the base is being made.

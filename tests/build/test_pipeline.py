@@ -192,3 +192,48 @@ def test_layer_workers_defer_to_a_base_still_being_made() -> None:
     done: concurrent.futures.Future[None] = concurrent.futures.Future()
     done.set_result(None)
     assert worker_nice(done) == (start, start)
+
+
+def test_a_failed_base_is_reported_without_building_the_other_layers(
+    repo: Path, cli: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base fails while the first layer is being made: the layers not started yet are
+    dropped, and the base's error is the build's."""
+    import threading
+    import time
+
+    from envbuild import build as build_mod
+    from envbuild.errors import EnvironmentFailure
+
+    d = repo / "wheels"
+    wheels = [ref(make_wheel(d, f"w{i}", "1.0", {f"w{i}.py": f"X = {i}\n"})) for i in range(6)]
+    spec = write_project(repo, "broken-base", wheels)
+    started = threading.Event()
+    made: list[str] = []
+    real_layer = build_mod._layer
+
+    def layer(plan_layer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(plan_layer.name)
+        started.set()
+        time.sleep(0.3)  # the base fails meanwhile
+        return real_layer(plan_layer, *args, **kwargs)
+
+    def base_stage(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started.wait(30)
+        raise EnvironmentFailure("mmdebstrap exited with status 1")
+
+    monkeypatch.setattr(build_mod, "WORKERS", 1)
+    monkeypatch.setattr(build_mod, "_layer", layer)
+    monkeypatch.setattr(build_mod, "_base_stage", base_stage)
+    result = build(cli, repo, spec, "--json")
+    assert result.exit_code != 0
+    assert "base: mmdebstrap exited with status 1" in result.stderr
+    assert len(made) == 1, made
+    # without the failure: more layers than the one made, which the store kept
+    monkeypatch.undo()
+    again = build(cli, repo, spec)
+    assert again.exit_code == 0, again.stderr
+    state = {line.split()[0]: line.split()[-1] for line in again.stderr.splitlines()
+             if line.split() and line.split()[-1] in ("cached", "rebuilt")}  # fmt: skip
+    assert state.pop(made[0]) == "cached"
+    assert len(state) >= 5 and set(state.values()) == {"rebuilt"}, state
