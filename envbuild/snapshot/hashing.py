@@ -144,7 +144,7 @@ def forkable() -> bool:
     return threading.active_count() == 1 and hasattr(os, "fork")
 
 
-def _use_processes(workers: int, total: int, files: int = 0, *, stat_only: bool = False) -> bool:
+def use_processes(workers: int, total: int, files: int = 0, *, stat_only: bool = False) -> bool:
     big = files >= PROCESS_MIN_FILES if stat_only else total >= PROCESS_MIN_BYTES
     wanted = ENGINE == "processes" or (ENGINE == "auto" and big)
     return workers > 1 and wanted and forkable()
@@ -248,25 +248,16 @@ def hash_files(
     items: Iterable[tuple[str, int]],
     *,
     workers: int | None = None,
-    hasher: Callable[[str], FileHash] | None = None,
     meanwhile: Callable[[], object] | None = None,
     stat_only: bool = False,
 ) -> dict[str, FileHash]:
     """sha256 of each ``(path, expected_size)``; the size only orders the work. ``meanwhile``
     runs in this process while the workers hash (other work that needs no hash). ``stat_only``
-    looks at sizes and mtimes only (:func:`stat_one`); ``hasher`` replaces the look at one file
-    (tests), in threads."""
+    looks at sizes and mtimes only (:func:`stat_one`)."""
     listed = list(items)
     batches = _batches(listed)
     workers = workers or DEFAULT_WORKERS or os.cpu_count() or 1
     total = sum(size for _, size in listed)
-    if hasher is not None:
-        one = hasher
-        found = run_jobs(
-            batches, lambda b, _: [one(p) for p in b], workers=workers, processes=False,
-            meanwhile=meanwhile,
-        )  # fmt: skip
-        return {fh.path: fh for done in found for fh in done}
     look = _stat_batch if stat_only else _hash_batch
 
     def fields(batch: list[str], buffer: bytearray | None) -> list[tuple[object, ...]]:
@@ -274,7 +265,7 @@ def hash_files(
         # halves what it has to unpickle
         return [fh[1:] for fh in look(batch, buffer)]
 
-    processes = _use_processes(workers, total, len(listed), stat_only=stat_only)
+    processes = use_processes(workers, total, len(listed), stat_only=stat_only)
     found_fields = run_jobs(
         batches, fields, workers=workers, processes=processes, meanwhile=meanwhile
     )

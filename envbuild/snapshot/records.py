@@ -138,13 +138,20 @@ class Chunk(NamedTuple):
     dist: int
     start: int
     end: int
-    cost: int
+    lines: int
+
+    @property
+    def cost(self) -> int:
+        return self.lines * FILE_COST
 
 
 class Big(NamedTuple):
     dist: int
     entry: Entry
-    cost: int
+
+    @property
+    def cost(self) -> int:
+        return self.entry.size or 0
 
 
 Job = Chunk | Big
@@ -197,11 +204,11 @@ def plan(dists: Sequence[Dist]) -> list[Job]:
         if not text:
             continue
         if not dist.cuttable:
-            jobs.append(Chunk(number, 0, len(text), (text.count("\n") + 1) * FILE_COST))
+            jobs.append(Chunk(number, 0, len(text), text.count("\n") + 1))
             continue
-        jobs += [Big(number, entry, entry.size or 0) for entry in _bigs(dist)]
+        jobs += [Big(number, entry) for entry in _bigs(dist)]
         for start, end in _cuts(text):
-            jobs.append(Chunk(number, start, end, text.count("\n", start, end) * FILE_COST))
+            jobs.append(Chunk(number, start, end, text.count("\n", start, end)))
     jobs.sort(key=lambda job: -job.cost)
     return jobs
 
@@ -299,9 +306,9 @@ def check(
     """Check every recorded file of ``dists``; ``meanwhile`` runs here while workers do."""
     jobs = plan(dists)
     workers = workers or hashing.DEFAULT_WORKERS or os.cpu_count() or 1
-    lines = sum(job.cost for job in jobs if isinstance(job, Chunk)) // FILE_COST
+    lines = sum(job.lines for job in jobs if isinstance(job, Chunk))
     work = sum(job.cost for job in jobs)
-    processes = hashing._use_processes(workers, work, lines, stat_only=mode == "quick")
+    processes = hashing.use_processes(workers, work, lines, stat_only=mode == "quick")
     return hashing.run_jobs(
         jobs,
         lambda job, buffer: check_job(job, dists, mode, buffer),

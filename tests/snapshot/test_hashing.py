@@ -65,7 +65,7 @@ _IN_A_FRESH_PROCESS = """
 import json, sys
 from envbuild.snapshot import hashing
 hashing.ENGINE = "processes"
-assert hashing._use_processes(3, 0), "the process engine would not fork here"
+assert hashing.use_processes(3, 0), "the process engine would not fork here"
 items = json.load(sys.stdin)
 if sys.argv[1] == "broken":
     def broken(batch, buffer=None):
@@ -119,17 +119,17 @@ def test_stat_only_forks_for_many_files_not_many_bytes(monkeypatch: pytest.Monke
     monkeypatch.setattr(hashing.threading, "active_count", lambda: 1)  # the threshold, not fork
     many = hashing.PROCESS_MIN_FILES
     assert hashing.ENGINE == "auto"
-    assert hashing._use_processes(2, 0, many, stat_only=True)
-    assert hashing._use_processes(2, hashing.PROCESS_MIN_BYTES, 0)
-    assert not hashing._use_processes(2, 1 << 40, many - 1, stat_only=True)
-    assert not hashing._use_processes(2, hashing.PROCESS_MIN_BYTES - 1, many)
+    assert hashing.use_processes(2, 0, many, stat_only=True)
+    assert hashing.use_processes(2, hashing.PROCESS_MIN_BYTES, 0)
+    assert not hashing.use_processes(2, 1 << 40, many - 1, stat_only=True)
+    assert not hashing.use_processes(2, hashing.PROCESS_MIN_BYTES - 1, many)
 
 
 def test_the_thread_engine_agrees_with_hashlib(
     tree: dict[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(hashing, "ENGINE", "threads")
-    assert not hashing._use_processes(3, 1 << 40)
+    assert not hashing.use_processes(3, 1 << 40)
     calls: list[int] = []
     results = hashing.hash_files(tree.items(), workers=3, meanwhile=lambda: calls.append(1))
     assert calls == [1]
@@ -143,7 +143,7 @@ def test_a_process_running_threads_never_forks(monkeypatch: pytest.MonkeyPatch) 
     other.start()
     try:
         started.wait()
-        assert not hashing._use_processes(3, 1 << 40)
+        assert not hashing.use_processes(3, 1 << 40)
     finally:
         stop.set()
         other.join()
