@@ -49,7 +49,14 @@ from envbuild.install import (
 )
 from envbuild.lock import Lock, lock_path, read_lock
 from envbuild.lock.model import DebianBaseLock
-from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer, write_outputs
+from envbuild.manifest import (
+    BaseResult,
+    BuildManifest,
+    BuiltLayer,
+    output_files,
+    stored_layer,
+    write_outputs,
+)
 from envbuild.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -68,7 +75,7 @@ from envbuild.progress import NULL, Progress
 from envbuild.sourceplan import describe
 from envbuild.sources import SourceOutcome, realize_sources
 from envbuild.spec import LoadedSpec
-from envbuild.store import Output, Store
+from envbuild.store import Output, Store, output_root_name
 
 log = logging.getLogger("envbuild.build")
 
@@ -267,7 +274,9 @@ class BuildResult:
     manifest: BuildManifest | None
     plan: Plan
     output: Path | None
+    #: seconds per stage; the base runs beside fetch and the lower layers, so they overlap
     timings: dict[str, float] = field(default_factory=dict)
+    wall: float = 0.0  # seconds the whole build took
     rebuilt: list[str] = field(default_factory=list)  # names of layers installed and packed now
     reused: list[str] = field(default_factory=list)
     sources: list[SourceOutcome] = field(default_factory=list)  # source builds and patches
@@ -307,6 +316,7 @@ def build(
     vLLM) are built first; then the sources stage realizes the source builds and patches (a
     builder container needs those lower layers) and the layers installing them get their keys.
     """
+    start = time.perf_counter()
     timings: dict[str, float] = {}
     with stage("plan", timings):
         lock, lock_hash = load_lock(loaded)
@@ -357,14 +367,20 @@ def build(
                 patches=made.patches,
             )
         with stage("root", timings):
+            # one root per output folder, as Nix has one per out-link: it keeps what the
+            # folder's image needs until the folder is removed or holds another image
             store.set_root(
-                f"image-{plan.spec}",
+                output_root_name(out),
                 blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
                 # the overlap report, a Debian resolution, the source builds and patched wheels
                 # too: gc must not make the next build redo them
                 derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
+                output=out,
+                image=manifest.image,
+                files=output_files(out, manifest),
             )
     result.manifest = manifest
+    result.wall = time.perf_counter() - start
     return result
 
 

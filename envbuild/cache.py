@@ -189,7 +189,13 @@ class RemoteCache:
         with store.temp_dir("cache-") as tmp:
             root = tmp / "layout"
             layers = [
-                add_blob(root, store.blob_path(digest), OUTPUT_TYPE, **{OUTPUT_NAME: name})
+                add_blob(
+                    root,
+                    # a corrupt blob is never published
+                    store.verified_path(digest, what=f"{name} of {drv.kind} {drv.key[:12]}"),
+                    OUTPUT_TYPE,
+                    **{OUTPUT_NAME: name},
+                )
                 for name, digest in sorted(drv.outputs.items())
             ]
             write_artifact(

@@ -45,10 +45,16 @@ def fetch_wheels(
     out: dict[str, Path] = {}
     missing: list[WheelRef] = []
     for sha, wheel in sorted(wanted.items()):
-        path = store.blob_path(f"sha256:{sha}")
-        if path.is_file() and path.stat().st_size == wheel.size:
+        digest = f"sha256:{sha}"
+        path = store.blob_path(digest)
+        if path.is_file() and path.stat().st_size == wheel.size and store.check_blob(digest):
             out[sha] = path
         else:
+            if path.is_file():
+                log.warning(
+                    "%s in the store is corrupt (%s); fetching it again", wheel.filename, digest
+                )
+                store.drop_blob(digest)
             missing.append(wheel)
     if not missing:
         return out

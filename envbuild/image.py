@@ -27,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
-import shutil
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +47,7 @@ from envbuild.errors import (
     IntegrityError,
     ManifestError,
     OutputError,
+    ToolFailed,
     ToolNotFound,
 )
 from envbuild.fsio import atomic_writer, compact_json, write_atomic
@@ -276,10 +277,20 @@ def index_json(image: Image, ref_name: str | None) -> bytes:
     )
 
 
-def write_oci_layout(store: Store, image: Image, out_dir: Path, *, ref_name: str | None) -> Path:
+def write_oci_layout(
+    store: Store,
+    image: Image,
+    out_dir: Path,
+    *,
+    ref_name: str | None,
+    keep: Callable[[Path], bool] | None = None,
+) -> Path:
     """Write ``image`` as an OCI image layout in ``out_dir`` (blobs hardlinked from the store,
-    copied across file systems). Blobs of an earlier image in ``blobs/`` are removed; other
-    files in ``out_dir`` are left alone. ``index.json`` is written last."""
+    copied across file systems). Every blob is checked first (:meth:`Store.verified_path`): a
+    corrupt one stops the write. A blob already in ``out_dir`` stays when it is the store's own
+    file (a hard link) or ``keep(path)`` says it is unchanged since it was written; any other is
+    replaced. Blobs of an earlier image in ``blobs/`` are removed; other files in ``out_dir``
+    are left alone. ``index.json`` is written last."""
     out_dir = Path(out_dir)
     blob_dir = out_dir / "blobs" / "sha256"
     try:
@@ -287,31 +298,56 @@ def write_oci_layout(store: Store, image: Image, out_dir: Path, *, ref_name: str
     except OSError as exc:
         raise OutputError(f"cannot create {blob_dir}: {exc.strerror}") from exc
     wanted = set(image.blobs())
-    for digest in sorted(wanted):
-        _place_blob(store.blob_path(digest), blob_dir / digest_hex(digest))
     for path in blob_dir.iterdir():
         if f"sha256:{path.name}" not in wanted:
             path.unlink()
+    for digest in sorted(wanted):
+        src = store.verified_path(digest, what=_blob_role(image, digest))
+        dest = blob_dir / digest_hex(digest)
+        if _place_blob(src, dest, digest, keep):
+            store.linked(digest)
     write_atomic(out_dir / "oci-layout", OCI_LAYOUT)
     write_atomic(out_dir / "index.json", index_json(image, ref_name))
     return out_dir
 
 
-def _place_blob(src: Path, dest: Path) -> None:
-    if dest.exists():
-        if dest.stat().st_size == src.stat().st_size:
-            return
+def _blob_role(image: Image, digest: str) -> str:
+    if digest == image.manifest_digest:
+        return "the image manifest"
+    if digest == image.config_digest:
+        return "the image config"
+    return "a layer"
+
+
+def _place_blob(src: Path, dest: Path, digest: str, keep: Callable[[Path], bool] | None) -> bool:
+    """Put the (checked) store blob ``src`` at ``dest``; True when it was hard-linked now."""
+    try:
+        st = dest.lstat()
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if os.path.samestat(st, src.stat()) or (keep is not None and keep(dest)):
+            return False
         dest.unlink()
     try:
         os.link(src, dest)
-        return
+        return True
     except FileExistsError:
-        return
+        return False
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise OutputError(f"cannot write {dest}: {exc.strerror}") from exc
+    h = hashlib.sha256()  # the copy reads every byte: hash them on the way
     with atomic_writer(dest, 0o444) as out, src.open("rb") as f:
-        shutil.copyfileobj(f, out, layers_mod.CHUNK)
+        while chunk := f.read(layers_mod.CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+        if f"sha256:{h.hexdigest()}" != digest:
+            raise IntegrityError(
+                f"store blob {digest} changed while it was copied to {dest}",
+                hint="run `envbuild store verify --repair`, then build again",
+            )
+    return False
 
 
 class _Closing:
@@ -333,11 +369,50 @@ class _Closing:
         self._stack.close()
 
 
-def _uncompressing_opener(path: Path, media_type: str) -> layers_mod.Opener:
+def _bytes_opener(data: bytes) -> layers_mod.Opener:
+    return lambda: io.BytesIO(data)
+
+
+class _Hashing:
+    """A blob's stream that hashes what is read; at its end (``__exit__``) the digest must be
+    ``digest``, else :class:`IntegrityError` names the store blob ``origin`` and the fix."""
+
+    def __init__(self, f: Any, digest: str, origin: str, store: Store) -> None:
+        self._f, self._digest, self._origin, self._store = f, digest, origin, store
+        self._hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._f.read(n)
+        self._hash.update(data)
+        return data
+
+    def __enter__(self) -> _Hashing:
+        return self
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> None:
+        try:
+            self._f.__exit__(kind, exc, tb)
+        except ToolFailed as failed:  # a decompressor that cannot read the blob
+            raise self._store.corrupt_error(
+                self._origin, f"{failed.tool}: {failed.message}"
+            ) from None
+        if kind is None and f"sha256:{self._hash.hexdigest()}" != self._digest:
+            raise self._store.corrupt_error(self._origin)
+
+
+def _hashing_opener(
+    store: Store, origin: str, digest: str, media_type: str | None = None
+) -> layers_mod.Opener:
+    """The bytes of store blob ``origin`` (uncompressed when ``media_type`` is given), checked
+    against ``digest`` as the archive reads them."""
+    path = store.blob_path(origin)
+
     def opener() -> IO[bytes]:
+        if media_type is None:
+            return _Hashing(path.open("rb"), digest, origin, store)  # type: ignore[return-value]
         stack = contextlib.ExitStack()
         f = stack.enter_context(layers_mod.open_uncompressed(path, media_type))
-        return _Closing(f, stack)  # type: ignore[return-value]
+        return _Hashing(_Closing(f, stack), digest, origin, store)  # type: ignore[return-value]
 
     return opener
 
@@ -362,29 +437,29 @@ def write_docker_archive(
     entries: list[Entry] = []
 
     def add_bytes(name: str, data: bytes) -> None:
-        digest = store.add_bytes(data)
-        entries.append(
-            Entry(name, Kind.FILE, 0o644, size=len(data), source=store.blob_path(digest))
-        )
+        entries.append(Entry(name, Kind.FILE, 0o644, size=len(data), source=_bytes_opener(data)))
 
+    # a corrupt blob is refused before it is read (a damaged zstd stream would otherwise read
+    # as a decompressor failure); what is read is hashed on the way all the same
     for digest in (inside.manifest_digest, inside.config_digest):
-        path = store.blob_path(digest)
+        path = store.verified_path(digest, what=_blob_role(inside, digest))
         entries.append(
             Entry(
                 f"blobs/sha256/{digest_hex(digest)}",
                 Kind.FILE,
                 0o644,
                 size=path.stat().st_size,
-                source=path,
+                source=_hashing_opener(store, digest, digest),
             )
         )
     for orig, layer in zip(image.layers, inside.layers, strict=True):
         name = f"blobs/sha256/{digest_hex(layer.digest)}"
         if any(e.path == name for e in entries):
             continue
-        src = store.blob_path(orig.digest)
-        source: Path | layers_mod.Opener = (
-            src if layer.digest == orig.digest else _uncompressing_opener(src, orig.media_type)
+        store.verified_path(orig.digest, what="a layer")
+        plain = layer.digest != orig.digest
+        source = _hashing_opener(
+            store, orig.digest, layer.digest, orig.media_type if plain else None
         )
         entries.append(Entry(name, Kind.FILE, 0o644, size=layer.size, source=source))
     docker_manifest = [

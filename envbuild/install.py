@@ -21,7 +21,6 @@ import io
 import logging
 import os
 import sys
-import tempfile
 import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +28,8 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
-from envbuild import proc
-from envbuild.errors import InputFileError, UserError
+from envbuild import proc, scratch
+from envbuild.errors import InputFileError, IntegrityError, ToolFailed, UserError
 
 log = logging.getLogger("envbuild.install")
 
@@ -305,7 +304,7 @@ def install(
     prefix = root / target.rel
     if not wheels:
         return Installed(root)
-    with tempfile.TemporaryDirectory(prefix="envbuild-wheels-") as tmp:
+    with scratch.temp_dir("wheels-") as tmp:  # locked: what a killed run left, the next removes
         # each wheel is offered at a path that names its sha256 and stays the same from one
         # build to the next, so uv's cache (keyed by the path) finds what it unzipped before
         stable = cache.parent / "uv-wheels" if cache is not None else Path(tmp)
@@ -344,8 +343,33 @@ def install(
             {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"},
             drop=[k for k in os.environ if k.startswith("UV_")],
         )
-        proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
+        try:
+            proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
+        except ToolFailed:
+            _check_wheels(wheels)  # a wheel that is not what the lock says: that is the cause
+            raise
     return _finish(root, target, sorted(canonicalize_name(w.name) for w, _ in wheels), remove)
+
+
+def _check_wheels(wheels: Sequence[tuple[WheelRef, Path]]) -> None:
+    """After uv failed: raise :class:`IntegrityError` for the first wheel file whose bytes are
+    not the ones the lock names (uv then reports a hash mismatch or a bad zip CRC, which is no
+    matter of the platform)."""
+    for wheel, path in sorted(wheels):
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except OSError:
+            continue
+        if h.hexdigest() != wheel.sha256:
+            raise IntegrityError(
+                f"{path} ({wheel.filename}) no longer matches the lock's sha256 {wheel.sha256}: "
+                "the store's copy was changed or damaged",
+                hint="run `envbuild store verify --repair` (the next build fetches it again), "
+                "then build again",
+            )
 
 
 def _symlink(link: Path, target: Path) -> None:

@@ -1,14 +1,24 @@
 """The build's outputs: the image (config, manifest, OCI layout, docker archive) and the build
 manifest that records it (``images/<spec>/build-manifest.json``, canonical JSON).
 
-The image stage writes nothing when the output directory already holds the very image (same
-build manifest, layout and archive present): a no-op rebuild stays a no-op.
+An output folder holds a complete image or says it does not: ``build-manifest.json`` is its
+commit record. A build that will change the folder removes it first (and syncs the folder),
+writes the layout (``index.json`` last) and the docker archive, and writes the manifest last of
+all; a build killed on the way leaves a folder without one, which no later build calls current.
+The store's root of the folder (:func:`envbuild.store.output_root_name`) records the stat of
+every file written (git's index does the same for a work tree), so a no-op rebuild can tell
+without reading them that the folder still holds the very image: same manifest, same
+``index.json``, every blob the store's own checked file or unchanged since it was written, the
+archive unchanged. Then nothing is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -16,10 +26,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import __version__, image, layers
-from envbuild.errors import EnvironmentFailure
+from envbuild.errors import EnvironmentFailure, OutputError
 from envbuild.fsio import canonical_json, write_atomic
 from envbuild.plan import Plan
-from envbuild.store import Store
+from envbuild.store import Root, Store, file_stamp, output_root_name
 
 log = logging.getLogger("envbuild.manifest")
 
@@ -179,30 +189,164 @@ def write_outputs(
         image=img.manifest_digest,
         outputs=outputs,
     )
-    if _up_to_date(out, manifest):
-        log.debug("%s is up to date", out)
-        return manifest
-    image.write_oci_layout(store, img, out / OCI_DIR, ref_name=plan.spec)
-    archive = out / image.DOCKER_ARCHIVE
-    if docker_archive:
-        image.write_docker_archive(store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"])
-    else:
-        archive.unlink(missing_ok=True)  # it would hold another image
-    write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
+    with store.lock_output(out):
+        _sweep_temps(out)
+        root = store.get_root(output_root_name(out))
+        if _up_to_date(store, out, manifest, img, plan.spec, root):
+            log.debug("%s is up to date", out)
+            return manifest
+        _invalidate(out)
+        image.write_oci_layout(
+            store, img, out / OCI_DIR, ref_name=plan.spec, keep=_unchanged(out, root, manifest)
+        )
+        archive = out / image.DOCKER_ARCHIVE
+        if docker_archive:
+            image.write_docker_archive(
+                store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"]
+            )
+        else:
+            archive.unlink(missing_ok=True)  # it would hold another image
+        write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
+        _fsync_dir(out)
     return manifest
 
 
-def _up_to_date(out: Path, manifest: BuildManifest) -> bool:
-    """The output dir already holds this very image (a no-op rebuild writes nothing)."""
+def output_files(out: Path, manifest: BuildManifest) -> dict[str, str]:
+    """The stat (:func:`envbuild.store.file_stamp`) of every file the build wrote into
+    ``out``, by path relative to it: what the folder's root records."""
+    names = [MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"]
+    if "docker_archive" in manifest.outputs:
+        names.append(image.DOCKER_ARCHIVE)
+    blob_dir = f"{OCI_DIR}/blobs/sha256"
+    names += [f"{blob_dir}/{name}" for name in _image_blobs(manifest)]
+    stamps = {}
+    for name in names:
+        try:
+            stamps[name] = file_stamp((out / name).stat())
+        except FileNotFoundError:
+            continue
+    return stamps
+
+
+def _image_blobs(manifest: BuildManifest) -> list[str]:
+    return sorted(
+        {
+            d.split(":", 1)[1]
+            for d in (manifest.image, manifest.config, *(x.digest for x in manifest.layers))
+        }
+    )
+
+
+def _up_to_date(
+    store: Store,
+    out: Path,
+    manifest: BuildManifest,
+    img: image.Image,
+    ref_name: str,
+    root: Root | None,
+) -> bool:
+    """The output dir already holds this very image, unchanged since this store wrote it (a
+    no-op rebuild writes nothing)."""
     try:
         old = json.loads((out / MANIFEST_FILE).read_bytes())
+        index = (out / OCI_DIR / "index.json").read_bytes()
+        layout = (out / OCI_DIR / "oci-layout").read_bytes()
     except (OSError, ValueError):
         return False
-    return (
-        old == json.loads(canonical_json(manifest.model_dump(mode="json")))
-        and (out / OCI_DIR / "index.json").is_file()
-        and (out / image.DOCKER_ARCHIVE).is_file() == ("docker_archive" in manifest.outputs)
-    )
+    if (
+        old != json.loads(canonical_json(manifest.model_dump(mode="json")))
+        or index != image.index_json(img, ref_name)
+        or layout != image.OCI_LAYOUT
+        or (out / image.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs)
+    ):
+        return False
+    if root is None or root.image != manifest.image or root.output != str(out.absolute()):
+        return False
+    unchanged = _unchanged(out, root, manifest)
+    for name in (MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"):
+        if not unchanged(out / name):
+            return False
+    if "docker_archive" in manifest.outputs and not unchanged(out / image.DOCKER_ARCHIVE):
+        return False
+    blob_dir = out / OCI_DIR / "blobs" / "sha256"
+    for name in _image_blobs(manifest):
+        digest = f"sha256:{name}"
+        dest = blob_dir / name
+        try:
+            st = dest.lstat()
+        except FileNotFoundError:
+            return False
+        try:
+            linked = os.path.samestat(st, store.blob_path(digest).stat())
+        except FileNotFoundError:
+            linked = False
+        if linked:  # the store's own file: its check is the store's
+            if not store.check_blob(digest):
+                return False
+        elif not unchanged(dest):
+            return False
+    return True
+
+
+def _unchanged(out: Path, root: Root | None, manifest: BuildManifest) -> Callable[[Path], bool]:
+    """Whether a file under ``out`` has the stat the root recorded when this image was written
+    there (False for any file when the root is of another image)."""
+    recorded = root.files if root is not None and root.image == manifest.image else {}
+    base = out.absolute()
+
+    def unchanged(path: Path) -> bool:
+        rel = Path(path).absolute().relative_to(base).as_posix()
+        want = recorded.get(rel)
+        if want is None:
+            return False
+        try:
+            return file_stamp(Path(path).lstat()) == want
+        except OSError:
+            return False
+
+    return unchanged
+
+
+def _invalidate(out: Path) -> None:
+    """Say the folder is being changed before changing it: its manifest goes first, and the
+    removal reaches the disk before any other write does."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST_FILE).unlink(missing_ok=True)
+        _fsync_dir(out)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write {out}: {exc.strerror or exc}",
+            hint="check that the folder is writable, or choose another with --output",
+        ) from exc
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sweep_temps(out: Path) -> None:
+    """Remove the temporary files a killed build left in the folder (``atomic_writer``'s
+    ``.<name>.*.tmp``: a docker archive's is gigabytes). The caller holds the folder's lock,
+    so no build is writing them now."""
+    for folder in (out, out / OCI_DIR, out / OCI_DIR / "blobs" / "sha256"):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if (
+                entry.name.startswith(".")
+                and entry.name.endswith(".tmp")
+                and entry.is_file(follow_symlinks=False)
+            ):
+                log.info("removing %s, left by a build that did not finish", entry.path)
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def stored_layer(store: Store, b: BuiltLayer) -> layers.Layer:

@@ -14,6 +14,10 @@ nodes (a chroot needs both) and both it and the machine's available memory have 
 estimated size plus :data:`RESERVE`, counting what other folders hold right now; else nowhere
 (None) and the caller uses its own folder in the store. A folder is locked (``flock``) while it
 is used, so one that a killed build left behind is recognised and removed by the next call.
+
+:func:`temp_dir` is the same for a small folder in the system's temporary directory (uv's
+requirements and wheel links): locked while used, and what a killed run left there removed by
+the next run. ``envbuild gc`` calls :func:`sweep` to remove both kinds at once.
 """
 
 from __future__ import annotations
@@ -140,14 +144,52 @@ def _hold(path: Path) -> int:
     return fd
 
 
-def _sweep(parent: Path) -> None:
+#: The folders :func:`temp_dir` makes in the system's temporary directory (only these are
+#: swept there: other programs' folders, and envbuild's unlocked ones, are not ours to judge).
+TEMP_KINDS = ("wheels-",)
+
+
+def _tmp_root() -> Path:
+    return Path(tempfile.gettempdir())
+
+
+@contextlib.contextmanager
+def temp_dir(prefix: str) -> Iterator[Path]:
+    """A fresh folder ``envbuild-<prefix>*`` in the system's temporary directory, locked while
+    the block runs and removed after it; first the ones killed runs left are removed."""
+    if prefix not in TEMP_KINDS:
+        raise ValueError(f"not a known temporary folder kind: {prefix!r}")
+    parent = _tmp_root()
+    _sweep(parent, (f"{PREFIX}{prefix}",))
+    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{prefix}", dir=parent))
+    held = _hold(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(held)
+
+
+def sweep() -> int:
+    """Remove what killed runs left: scratch folders in memory (or on ``ENVBUILD_SCRATCH``)
+    and :func:`temp_dir` folders. Returns how many were removed."""
+    setting = os.environ.get(ENV, "")
+    removed = 0
+    if setting != "store":
+        removed += _sweep(Path(setting) if setting else SHM)
+    removed += _sweep(_tmp_root(), tuple(f"{PREFIX}{k}" for k in TEMP_KINDS))
+    return removed
+
+
+def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
     """Remove the folders of builds that were killed: named by this module, older than
     :data:`STALE_AFTER` (a folder just made is not locked yet) and locked by no one. In memory,
     what a killed build left would otherwise take RAM until the next reboot."""
+    removed = 0
     try:
-        entries = [e for e in os.scandir(parent) if e.name.startswith(PREFIX)]
+        entries = [e for e in os.scandir(parent) if e.name.startswith(prefixes)]
     except OSError:
-        return
+        return 0
     now = time.time()
     for entry in entries:
         try:
@@ -166,3 +208,5 @@ def _sweep(parent: Path) -> None:
         log.info("removing %s, left by a build that did not finish", entry.path)
         shutil.rmtree(entry.path, ignore_errors=True)
         os.close(fd)
+        removed += 1
+    return removed

@@ -14,16 +14,21 @@ Public API (stable; E, F, G and H build on it)::
         w.digest                       # "sha256:<hex>"
         store.add_bytes(b"..."), store.add_file(path, expected="sha256:...")
         store.blob_path(digest)        # blobs/sha256/<hex> (read-only: never write to it)
-        store.set_root("image-quickstart", blobs=[...], derivations=[key, ...])
+        store.check_blob(digest)       # do its bytes still hash to its name? (see stamps/)
+        store.verified_path(digest)    # its path, or IntegrityError naming the fix
+        store.set_root(output_root_name(out), blobs=[...], derivations=[key, ...],
+                       output=out, image=digest, files={...})
     store.gc(dry_run=True) -> GcResult
-    store.verify() -> VerifyResult
+    store.verify(repair=False, workers=N) -> VerifyResult
 
 Layout on disk (``STORE_FORMAT`` 1)::
 
     <root>/format               "envbuild-store 1"
     <root>/blobs/sha256/<hex>   content, named by its sha256 (mode 0444)
     <root>/drv/<key>.json       a Derivation: kind, inputs, outputs (name -> digest), meta
-    <root>/roots/<name>.json    a Root: the blobs and derivations an image keeps alive
+    <root>/roots/<name>.json    a Root: the blobs and derivations an output folder keeps alive
+    <root>/stamps/<hex>         size, mtime, ctime, inode and device of a blob when its bytes
+                                were last hashed (a cache: deleting it costs one re-hash)
     <root>/locks/               per-derivation lock files and ``gc.lock``
     <root>/tmp/                 files being written; renamed into blobs/ only when complete
 
@@ -31,6 +36,14 @@ Every write goes to ``tmp/`` first, is fsynced, and is renamed into place only a
 known, so a killed writer never leaves a blob whose name is not its digest. Two processes building
 the same derivation serialize on ``locks/<key>.lock`` (the second one finds the first one's output);
 ``gc`` takes ``locks/gc.lock`` exclusively while every session holds it shared.
+
+A blob is trusted only while its bytes hash to its name. Re-hashing gigabytes at every build
+would make a no-op build slow, so, like git's index, the store keeps each blob's stat (size,
+mtime, ctime, inode, device) from when its bytes were last hashed and re-hashes only a blob whose
+stat changed since (a write through a hard link, a ``chmod``, a copy put in its place): see
+:meth:`Store.check_blob`. What no stat shows (a bit flipped on the disk itself) is found by
+:meth:`Store.verify` (``envbuild store verify``), which hashes everything. Bytes read anyway
+(:meth:`Store.read_blob`) are always hashed.
 """
 
 from __future__ import annotations
@@ -47,7 +60,8 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -115,11 +129,38 @@ class Derivation(_Model):
 
 
 class Root(_Model):
-    """What one image (or a user) keeps alive through ``gc``."""
+    """What one output folder (or a user) keeps alive through ``gc``.
+
+    A root of an output folder (``output``: its absolute path; ``image``: the digest it holds)
+    lives as long as the folder holds that image, the way a Nix out-link does: ``gc`` drops it
+    once the folder is removed or holds another image. ``files`` records the stat of what the
+    build wrote there (see :func:`file_stamp`), so the next build can tell the folder is
+    unchanged without reading it."""
 
     name: str
     blobs: list[str] = Field(default_factory=list)
     derivations: list[str] = Field(default_factory=list)
+    output: str | None = None
+    image: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def output_root_name(out: Path) -> str:
+    """The root name of the output folder ``out`` (one per absolute path)."""
+    where = str(Path(out).absolute())
+    return f"out-{hashlib.sha256(where.encode()).hexdigest()[:32]}"
+
+
+def file_stamp(st: os.stat_result) -> str:
+    """What changes whenever a file's bytes may have: size, mtime, ctime, inode, device (git's
+    index keeps the same). ctime cannot be set back by a user, so a write followed by
+    ``touch -d`` still shows."""
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}"
+
+
+def _same_but_ctime(a: str, b: str) -> bool:
+    x, y = a.split(), b.split()
+    return len(x) == len(y) == 5 and x[:2] == y[:2] and x[3:] == y[3:]
 
 
 @dataclass(frozen=True)
@@ -143,6 +184,7 @@ class GcResult:
     removed_derivations: list[str]
     removed_temp: int
     freed_bytes: int
+    removed_roots: list[str]
     kept_blobs: int
     kept_derivations: int
     roots: int
@@ -153,6 +195,7 @@ class GcResult:
             "removed_blobs": self.removed_blobs,
             "removed_derivations": self.removed_derivations,
             "removed_temp": self.removed_temp,
+            "removed_roots": self.removed_roots,
             "freed_bytes": self.freed_bytes,
             "kept_blobs": self.kept_blobs,
             "kept_derivations": self.kept_derivations,
@@ -161,14 +204,58 @@ class GcResult:
 
 
 @dataclass(frozen=True)
+class VerifyProblem:
+    """One thing ``store verify`` found wrong: a blob (and the derivations that name it) or a
+    derivation record; what is wrong; what fixes it; and whether ``--repair`` did."""
+
+    what: str  # "blob" or "derivation"
+    name: str  # the digest or the key
+    reason: str
+    fix: str
+    derivations: list[str] = field(default_factory=list)  # "kind key" naming a blob
+    repaired: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "what": self.what,
+            "name": self.name,
+            "reason": self.reason,
+            "fix": self.fix,
+            "derivations": self.derivations,
+            "repaired": self.repaired,
+        }
+
+    def render(self) -> str:
+        by = f" (output of {', '.join(self.derivations)})" if self.derivations else ""
+        done = "; repaired" if self.repaired else ""
+        return f"{self.what} {self.name}{by}: {self.reason} (fix: {self.fix}){done}"
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     checked: int
     corrupt: list[str]  # blob digests whose content does not hash to their name
     broken: list[str]  # derivation keys whose outputs are missing or corrupt
+    checked_bytes: int = 0
+    derivations: int = 0
+    problems: list[VerifyProblem] = field(default_factory=list)
+    repaired: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.corrupt and not self.broken
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked_blobs": self.checked,
+            "checked_bytes": self.checked_bytes,
+            "checked_derivations": self.derivations,
+            "corrupt_blobs": self.corrupt,
+            "broken_derivations": self.broken,
+            "problems": [p.as_dict() for p in self.problems],
+            "repaired": self.repaired,
+        }
 
 
 def _store_error(root: Path, exc: OSError, doing: str) -> StoreError:
@@ -241,6 +328,9 @@ class Store:
         self.roots_dir = self.root / "roots"
         self.locks = self.root / "locks"
         self.tmp = self.root / "tmp"
+        self.stamps = self.root / "stamps"
+        #: blobs hashed by this process, with their stamp then: no stamp file read twice
+        self._checked: dict[str, str] = {}
         self._session_depth = 0
         self._session_lock: _Flock | None = None
         self._mutex = threading.RLock()
@@ -255,7 +345,7 @@ class Store:
         if self._ready:
             return
         try:
-            for d in (self.blobs, self.drvs, self.roots_dir, self.locks, self.tmp):
+            for d in (self.blobs, self.drvs, self.roots_dir, self.locks, self.tmp, self.stamps):
                 d.mkdir(parents=True, exist_ok=True)
             marker = self.root / "format"
             if marker.exists():
@@ -340,18 +430,26 @@ class Store:
                         hint="the source changed or was corrupted; fetch it again",
                     )
                 final = self.blobs / hexd
+                if self.check_blob(digest):  # the same bytes are here: keep their file (and
+                    writer.digest = digest  # the hard links of output folders to it)
+                    return
                 try:
                     os.chmod(tmp, 0o444)
                     os.replace(tmp, final)
                     _fsync_dir(self.blobs)
                 except OSError as exc:
                     raise _store_error(self.root, exc, "storing a blob") from exc
+                self._stamp(hexd, final)  # the bytes under that name were hashed just now
                 writer.digest = digest
             finally:
                 tmp.unlink(missing_ok=True)
 
     def add_bytes(self, data: bytes, *, expected: str | None = None) -> str:
-        """Store ``data``; returns its digest ``sha256:<hex>``."""
+        """Store ``data``; returns its digest ``sha256:<hex>``. Bytes already stored (and
+        intact) are not written again."""
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        if (expected is None or digest == expected) and self.check_blob(digest):
+            return digest
         with self.blob_writer(expected=expected) as w:
             w.write(data)
         return w.digest
@@ -359,7 +457,7 @@ class Store:
     def add_file(self, path: Path, *, expected: str | None = None) -> str:
         """Copy the file at ``path`` into the store (streaming); returns its digest. When
         ``expected`` is given and already stored, the file is not read at all."""
-        if expected is not None and self.has_blob(expected):
+        if expected is not None and self.check_blob(expected):
             return expected
         with self.blob_writer(expected=expected) as w, Path(path).open("rb") as src:
             while chunk := src.read(CHUNK):
@@ -367,10 +465,104 @@ class Store:
         return w.digest
 
     def read_blob(self, digest: str) -> bytes:
+        """The bytes of a (small) blob, hashed on the way: a corrupt blob raises
+        :class:`IntegrityError`."""
         try:
-            return self.blob_path(digest).read_bytes()
+            data = self.blob_path(digest).read_bytes()
         except FileNotFoundError:
             raise StoreError(f"blob {digest} is not in the store {self.root}") from None
+        if hashlib.sha256(data).hexdigest() != digest_hex(digest):
+            raise self.corrupt_error(digest)
+        return data
+
+    # -- blob integrity ----------------------------------------------------------------------
+
+    def _stamp(self, hexd: str, path: Path) -> None:
+        """Record that ``path``'s bytes were hashed and match ``hexd`` (best effort: a lost
+        stamp costs one re-hash). Not fsynced: a stamp that did not reach the disk is absent."""
+        try:
+            stamp = file_stamp(path.stat())
+            tmp = self.stamps / f".{hexd}.{os.getpid()}.{threading.get_native_id()}"
+            tmp.write_text(stamp)
+            os.replace(tmp, self.stamps / hexd)
+        except OSError as exc:
+            log.debug("cannot record the stamp of %s: %s", hexd[:12], exc)
+            return
+        self._checked[hexd] = stamp
+
+    def _hash_file(self, path: Path) -> str:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
+
+    def check_blob(self, digest: str) -> bool:
+        """Whether blob ``digest`` is here and its bytes hash to its name. Cheap when the
+        blob's stat is what it was when its bytes were last hashed (see the module's doc);
+        otherwise the blob is hashed again now."""
+        self._ensure()
+        hexd = digest_hex(digest)
+        path = self.blobs / hexd
+        try:
+            now = file_stamp(path.stat())
+        except FileNotFoundError:
+            return False
+        if self._checked.get(hexd) == now:
+            return True
+        try:
+            if (self.stamps / hexd).read_text() == now:
+                self._checked[hexd] = now
+                return True
+        except (OSError, UnicodeDecodeError):
+            pass
+        log.debug("blob %s changed since it was hashed: hashing it again", hexd[:12])
+        try:
+            ok = self._hash_file(path) == hexd
+        except FileNotFoundError:
+            return False
+        if ok:
+            self._stamp(hexd, path)
+        else:
+            self._checked.pop(hexd, None)
+        return ok
+
+    def corrupt_error(self, digest: str, what: str = "") -> IntegrityError:
+        return IntegrityError(
+            f"store blob {digest}{f' ({what})' if what else ''} no longer matches its digest: "
+            f"{self.blob_path(digest)} was changed or damaged",
+            hint="run `envbuild store verify --repair` (it drops what is broken; the next "
+            "build makes or fetches it again), then rerun",
+        )
+
+    def verified_path(self, digest: str, what: str = "") -> Path:
+        """The path of blob ``digest`` once :meth:`check_blob` says its bytes are right;
+        :class:`IntegrityError` (naming the blob, ``what`` it is, and the fix) when not."""
+        if not self.check_blob(digest):
+            if not self.has_blob(digest):
+                raise StoreError(f"blob {digest} is not in the store {self.root}")
+            raise self.corrupt_error(digest, what)
+        return self.blob_path(digest)
+
+    def linked(self, digest: str) -> None:
+        """Call after hard-linking blob ``digest`` somewhere: a new link changes the inode's
+        ctime, which alone must not make the next check re-hash it."""
+        hexd = digest_hex(digest)
+        path = self.blobs / hexd
+        try:
+            now = file_stamp(path.stat())
+        except OSError:
+            return
+        before = self._checked.get(hexd)
+        if before is not None and before != now and _same_but_ctime(before, now):
+            self._stamp(hexd, path)
+
+    def drop_blob(self, digest: str) -> None:
+        """Remove a (corrupt) blob and its stamp; what needs it is made or fetched again."""
+        hexd = digest_hex(digest)
+        self._checked.pop(hexd, None)
+        (self.blobs / hexd).unlink(missing_ok=True)
+        (self.stamps / hexd).unlink(missing_ok=True)
 
     def open_blob(self, digest: str) -> IO[bytes]:
         try:
@@ -411,6 +603,14 @@ class Store:
                 "derivation %s lost output %s; it will be built again", key[:12], missing[0]
             )
             return None
+        for name, digest in drv.outputs.items():
+            if not self.check_blob(digest):
+                log.warning(
+                    "output %s (%s) of %s %s is corrupt; removing it, it will be built again",
+                    name, digest, drv.kind, key[:12],
+                )  # fmt: skip
+                self.drop_blob(digest)
+                return None
         return drv
 
     def available(self, key: str) -> bool:
@@ -467,11 +667,19 @@ class Store:
     # -- roots and gc -----------------------------------------------------------------------
 
     def set_root(
-        self, name: str, *, blobs: Iterable[str] = (), derivations: Iterable[str] = ()
+        self,
+        name: str,
+        *,
+        blobs: Iterable[str] = (),
+        derivations: Iterable[str] = (),
+        output: Path | None = None,
+        image: str | None = None,
+        files: Mapping[str, str] | None = None,
     ) -> Root:
         """Make ``name`` keep ``blobs`` and ``derivations`` (and their outputs) alive; replaces
         an earlier root of that name. Image manifests and indexes among ``blobs`` keep the config
-        and layers they name alive too."""
+        and layers they name alive too. With ``output`` (and the ``image`` digest it holds) the
+        root lives only as long as that folder holds that image (see :class:`Root`)."""
         if not ROOT_NAME_RE.match(name):
             raise UsageError(
                 f"{name!r} is not a valid root name", hint="use letters, digits and . _ @ + -"
@@ -483,7 +691,14 @@ class Store:
         for key in drv_list:
             if not KEY_RE.match(key):
                 raise ValueError(f"not a derivation key: {key!r}")
-        root = Root(name=name, blobs=blob_list, derivations=drv_list)
+        root = Root(
+            name=name,
+            blobs=blob_list,
+            derivations=drv_list,
+            output=str(Path(output).absolute()) if output is not None else None,
+            image=image,
+            files=dict(sorted((files or {}).items())),
+        )
         with self.session():
             self._write_file(
                 self.roots_dir / f"{name}.json", canonical_json(root.model_dump()).encode()
@@ -497,6 +712,21 @@ class Store:
             return True
         except FileNotFoundError:
             return False
+
+    def get_root(self, name: str) -> Root | None:
+        """The root ``name``, or None when there is none (or it is unreadable)."""
+        self._ensure()
+        try:
+            return Root.model_validate_json((self.roots_dir / f"{name}.json").read_bytes())
+        except (OSError, ValidationError, ValueError):
+            return None
+
+    def lock_output(self, out: Path) -> contextlib.AbstractContextManager[object]:
+        """An exclusive lock on writing the output folder ``out`` (two builds into one folder
+        take turns)."""
+        self._ensure()
+        name = output_root_name(out)
+        return _Flock(self.locks / f"{name}.lock", shared=False, what=f"another build into {out}")
 
     def roots(self) -> dict[str, Root]:
         self._ensure()
@@ -524,6 +754,12 @@ class Store:
             raise StoreError("gc cannot run inside a session of the same store")
         with _Flock(self.locks / "gc.lock", shared=False, what="running builds to finish"):
             roots = self.roots()
+            stale_roots = sorted(n for n, r in roots.items() if not _output_holds(r))
+            for name in stale_roots:
+                log.info(
+                    "root %s: %s no longer holds %s", name, roots[name].output, roots[name].image
+                )
+                del roots[name]
             live_blobs: set[str] = set()
             live_drvs: set[str] = set()
             records: dict[str, Derivation] = {}
@@ -555,11 +791,17 @@ class Store:
                     freed += path.lstat().st_size
             temps = sorted(self.tmp.iterdir())
             stale_locks = [p for p in self.locks.iterdir() if p.name != "gc.lock"]
+            kept_hex = {p.name for p in all_blobs} - {digest_hex(d) for d in dead_blobs}
+            stale_stamps = [p for p in self.stamps.iterdir() if p.name not in kept_hex]
             if not dry_run:
+                for name in stale_roots:
+                    (self.roots_dir / f"{name}.json").unlink(missing_ok=True)
                 for key in dead_drvs:
                     (self.drvs / f"{key}.json").unlink(missing_ok=True)
                 for digest in dead_blobs:
                     self.blob_path(digest).unlink(missing_ok=True)
+                for path in stale_stamps:
+                    path.unlink(missing_ok=True)
                 for path in temps:
                     _rmtree(path)
                 for path in stale_locks:
@@ -569,6 +811,7 @@ class Store:
             removed_blobs=dead_blobs,
             removed_derivations=dead_drvs,
             removed_temp=len(temps),
+            removed_roots=stale_roots,
             freed_bytes=freed,
             kept_blobs=len(all_blobs) - len(dead_blobs),
             kept_derivations=len(live_drvs),
@@ -604,37 +847,96 @@ class Store:
                     live.add(d)
                     todo.append(d)
 
-    def verify(self, *, repair: bool = False) -> VerifyResult:
-        """Re-hash every blob; with ``repair`` remove corrupt blobs and the derivation records
-        that lost an output (they will be built again)."""
+    def verify(self, *, repair: bool = False, workers: int | None = None) -> VerifyResult:
+        """Hash every blob (``workers`` threads at once: hashlib lets go of the GIL) and check
+        every derivation record and its outputs. With ``repair`` corrupt blobs are removed (a
+        wheel is fetched again, an image's config or manifest written again by the next build)
+        and so are the records that lost an output (the next build makes them again)."""
         self._ensure()
-        corrupt: list[str] = []
-        checked = 0
         with self.session():
-            for path in sorted(self.blobs.iterdir()):
-                checked += 1
-                h = hashlib.sha256()
-                with path.open("rb") as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
-                if h.hexdigest() != path.name:
-                    corrupt.append(f"sha256:{path.name}")
+            paths = sorted(p for p in self.blobs.iterdir() if not p.name.startswith("."))
+            sizes = {p.name: p.lstat().st_size for p in paths}
+
+            def check(path: Path) -> bool:
+                try:
+                    ok = path.is_file() and self._hash_file(path) == path.name
+                except OSError:
+                    ok = False
+                if ok:
+                    self._stamp(path.name, path)
+                return ok
+
+            n = workers or min(8, os.cpu_count() or 1)
+            # biggest first, so that one big layer does not finish alone at the end
+            order = sorted(paths, key=lambda p: -sizes[p.name])
+            with ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="verify") as pool:
+                good = dict(zip(order, pool.map(check, order), strict=True))
+            corrupt = sorted(f"sha256:{p.name}" for p, ok in good.items() if not ok)
             bad = set(corrupt)
+            named_by: dict[str, list[str]] = {}
             broken: list[str] = []
-            for key in self.derivations():
+            problems: list[VerifyProblem] = []
+            keys = self.derivations()
+            for key in keys:
                 try:
                     drv = Derivation.model_validate_json((self.drvs / f"{key}.json").read_bytes())
-                except (ValidationError, ValueError):
+                except (ValidationError, ValueError, OSError):
                     broken.append(key)
+                    problems.append(
+                        VerifyProblem(
+                            "derivation", key, "its record is unreadable",
+                            "`--repair` removes it; the next build makes it again",
+                        )
+                    )  # fmt: skip
                     continue
-                if any(d in bad or not self.has_blob(d) for d in drv.outputs.values()):
+                if drv.key != key or derivation_key(drv.kind, drv.inputs) != key:
                     broken.append(key)
+                    problems.append(
+                        VerifyProblem(
+                            "derivation", key, f"its record ({drv.kind}) is not the one its "
+                            "name promises (its inputs hash to another key)",
+                            "`--repair` removes it; the next build makes it again",
+                        )
+                    )  # fmt: skip
+                    continue
+                for name, digest in sorted(drv.outputs.items()):
+                    named_by.setdefault(digest, []).append(f"{drv.kind} {key[:12]}")
+                    if digest in bad or not self.has_blob(digest):
+                        broken.append(key)
+                        state = "is corrupt" if digest in bad else "is missing"
+                        problems.append(
+                            VerifyProblem(
+                                "derivation", key, f"{drv.kind}: its output {name!r} ({digest}) "
+                                f"{state}", "`--repair` removes the record; the next build makes "
+                                f"the {drv.kind} again",
+                            )
+                        )  # fmt: skip
+                        break
+            for digest in corrupt:
+                problems.insert(
+                    0,
+                    VerifyProblem(
+                        "blob", digest, "its bytes do not hash to its name",
+                        "`--repair` removes it; the next build makes or fetches it again",
+                        derivations=named_by.get(digest, []),
+                    ),
+                )  # fmt: skip
+            broken = sorted(set(broken))
             if repair:
                 for digest in corrupt:
-                    self.blob_path(digest).unlink(missing_ok=True)
+                    self.drop_blob(digest)
                 for key in broken:
                     (self.drvs / f"{key}.json").unlink(missing_ok=True)
-        return VerifyResult(checked=checked, corrupt=corrupt, broken=broken)
+                problems = [replace(p, repaired=True) for p in problems]
+        return VerifyResult(
+            checked=len(paths),
+            corrupt=corrupt,
+            broken=broken,
+            checked_bytes=sum(sizes.values()),
+            derivations=len(keys),
+            problems=problems,
+            repaired=repair and bool(problems),
+        )
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -656,6 +958,18 @@ class Store:
             raise _store_error(self.root, exc, f"writing {path.name}") from exc
         finally:
             Path(name).unlink(missing_ok=True)
+
+
+def _output_holds(root: Root) -> bool:
+    """Whether the output folder of ``root`` still holds the image it was made for (a root
+    that names no folder always lives)."""
+    if root.output is None:
+        return True
+    try:
+        doc = json.loads((Path(root.output) / "build-manifest.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("image") == root.image
 
 
 def _fsync_dir(path: Path) -> None:

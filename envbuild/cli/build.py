@@ -191,7 +191,7 @@ def _show_build(result: BuildResult) -> None:
             f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}",
             file=sys.stderr,
         )
-    took = sum(result.timings.values())
+    took = result.wall  # the stages overlap (the base beside the layers): their sum is not
     print(
         f"built {m.spec}: {len(m.layers)} layers ({len(result.rebuilt)} rebuilt) in {took:.1f} s "
         f"-> {result.output}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from envbuild import scratch
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.store import Store, default_store
@@ -14,9 +15,12 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "gc",
         help="remove store blobs and derivations that no image or root refers to",
-        description="Remove every blob and derivation of the store that no root (an image "
-        "built into the store) keeps alive, and temporary files that killed builds left. "
-        "Waits until running builds on the store finish.",
+        description="Remove every blob and derivation of the store that no root keeps alive, "
+        "and temporary files that killed builds left (in the store, in /dev/shm and in the "
+        "temporary directory). Each output folder of `envbuild build` is a root (as a Nix "
+        "out-link is) as long as it holds the image built into it: removing the folder, or "
+        "building another image into it, lets go of the old image. Waits until running "
+        "builds on the store finish.",
     )
     p.add_argument(
         "--store",
@@ -37,20 +41,30 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def verb_of(dry_run: bool) -> str:
+    return "would remove" if dry_run else "removed"
+
+
 def run(args: argparse.Namespace) -> int:
     store = Store(args.store) if args.store else default_store()
     result = store.gc(dry_run=args.dry_run)
+    swept = 0 if args.dry_run else scratch.sweep()
     if args.json:
-        render.emit_json({"store": str(store.root), **result.as_dict()})
+        render.emit_json({"store": str(store.root), **result.as_dict(), "removed_scratch": swept})
         return ExitCode.OK
-    verb = "would remove" if result.dry_run else "removed"
+    for name in result.removed_roots:
+        render.echo(
+            f"{verb_of(result.dry_run)} root {name} (its output folder is gone or holds "
+            "another image)"
+        )
+    verb = verb_of(result.dry_run)
     for digest in result.removed_blobs:
         render.echo(f"{verb} blob {digest}")
     for key in result.removed_derivations:
         render.echo(f"{verb} derivation {key}")
     render.echo(
         f"{verb} {len(result.removed_blobs)} blobs ({_size(result.freed_bytes)}), "
-        f"{len(result.removed_derivations)} derivations, {result.removed_temp} temporary "
-        f"files; kept {result.kept_blobs} blobs for {result.roots} roots"
+        f"{len(result.removed_derivations)} derivations, {result.removed_temp + swept} "
+        f"temporary files; kept {result.kept_blobs} blobs for {result.roots} roots"
     )
     return ExitCode.OK

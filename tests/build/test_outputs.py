@@ -1,0 +1,223 @@
+"""Output folders are atomic, and gc keeps what each output folder holds (offline builds).
+
+The kill test builds image A into X, then kills a build of image B into X (``os._exit`` at a
+chosen step of writing the folder, as SIGKILL would: no cleanup runs) at many points, and after
+each one checks the rules: a folder with a build manifest holds exactly that image (index.json,
+every blob hashing to its name, the docker archive naming the same config); a folder without one
+is not called current, and the next build of A into it exits 0 and leaves A there, complete.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO, CliResult
+from support.outputs import build_args, folder_image
+from support.project import write_project
+from support.wheels import make_wheel, ref
+
+from envbuild import scratch
+from envbuild.store import Store, output_root_name
+
+Build = Callable[..., CliResult]
+KILLPOINT = REPO / "tests" / "support" / "killpoint.py"
+
+
+@pytest.fixture
+def two_specs(repo: Path) -> tuple[Path, Path]:
+    d = repo / "wheels"
+    a = ref(make_wheel(d, "alpha", "1.0", {"alpha.py": "A = 1\n"}))
+    b = ref(make_wheel(d, "beta", "1.0", {"beta.py": "B = 2\n" * 2000}))
+    return write_project(repo, "img-a", [a]), write_project(repo, "img-b", [a, b])
+
+
+def killed_build(repo: Path, spec: Path, out: Path, at: int, log: Path | None = None) -> int:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    if log is not None:
+        env["KILLPOINT_LOG"] = str(log)
+    done = subprocess.run(
+        [sys.executable, str(KILLPOINT), str(at), *build_args(repo, spec, out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if at == 0:
+        assert done.returncode == 0, done.stderr
+        return int(done.stderr.strip().splitlines()[-1].split()[-1])
+    return done.returncode
+
+
+def test_a_killed_build_never_leaves_a_folder_called_current(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build
+) -> None:
+    spec_a, spec_b = two_specs
+    out = repo / "out"
+    first = cli(*build_args(repo, spec_a, out))
+    assert first.exit_code == 0, first.stderr
+    image_a = first.stdout.strip()
+    # B over A once (its layers and blobs reach the store), then again, counting the steps
+    killed_build(repo, spec_b, out, 0)
+    image_b = folder_image(out)
+    assert image_b not in (None, image_a)
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    log = repo / "steps.log"
+    steps = killed_build(repo, spec_b, out, 0, log)
+    lines = log.read_text().splitlines()
+    assert len(lines) == steps > 5
+
+    def step(kind: str, name: str) -> int:
+        return next(int(x.split()[0]) for x in lines if x.split()[1] == kind and name in x)
+
+    said_a = step("unlink", "/out/build-manifest.json")  # the first write into the folder
+    says_b = next(  # the manifest renamed into place: the last
+        int(x.split()[0])
+        for x in lines
+        if x.split()[1] == "replace" and x.endswith("/out/build-manifest.json")
+    )
+    index_step = step("replace", "/out/oci/index.json")
+    assert said_a < index_step < says_b
+    # the case found: killed once index.json names B (and a sample of every other point)
+    points = sorted({1, said_a, said_a + 1, index_step + 1, says_b, says_b + 1, steps,
+                     *random.Random(12).sample(range(1, steps + 1), min(8, steps))})  # fmt: skip
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    for at in points:  # each starts from A, complete, in the folder
+        assert killed_build(repo, spec_b, out, at) == 137, at
+        held = folder_image(out)  # checks that all in the folder agrees with what it says
+        want = image_a if at <= said_a else None if at <= says_b else image_b
+        assert held == want, (at, held)
+        after = cli(*build_args(repo, spec_a, out))
+        assert after.exit_code == 0, (at, after.stderr)
+        assert after.stdout.strip() == image_a
+        assert folder_image(out) == image_a, at
+        assert not [p for p in out.rglob(".*.tmp")], at
+        assert not [p for p in (repo / "store" / "tmp").iterdir() if p.name.startswith("blob-")]
+
+
+def test_a_changed_output_file_is_not_called_current(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build
+) -> None:
+    """The no-op build trusts the folder only while what it wrote is unchanged (its stat)."""
+    spec_a, _ = two_specs
+    out = repo / "out"
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    image_a = folder_image(out)
+    archive = out / "docker-archive.tar"
+    good = archive.read_bytes()
+    archive.write_bytes(good[:-1024])  # truncated by hand, say
+    again = cli(*build_args(repo, spec_a, out))
+    assert again.exit_code == 0, again.stderr
+    assert archive.read_bytes() == good
+    index = out / "oci" / "index.json"
+    index.write_text("{}")
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    assert folder_image(out) == image_a
+    # an untouched folder is not written at all
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_gc_roots_are_per_output_folder(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build
+) -> None:
+    """gzip into X, then the default build into Y, then gc: X's base and layers stay, and the
+    next build of X rebuilds nothing; once X is removed, gc lets its image go."""
+    spec_a, _ = two_specs
+    x, y = repo / "x", repo / "y"
+    gz = cli(*build_args(repo, spec_a, x, "--compression", "gzip", "--json"))
+    assert gz.exit_code == 0, gz.stderr
+    zs = cli(*build_args(repo, spec_a, y, "--json"))
+    assert zs.exit_code == 0, zs.stderr
+    gz_blobs = {layer["digest"] for layer in gz.json()["layers"]}
+    assert gz_blobs.isdisjoint({layer["digest"] for layer in zs.json()["layers"]})
+    store = Store(repo / "store")
+    assert {output_root_name(x), output_root_name(y)} <= set(store.roots())
+    assert cli("gc", "--store", repo / "store").exit_code == 0
+    assert all(store.has_blob(d) for d in gz_blobs)
+    again = cli(*build_args(repo, spec_a, x, "--compression", "gzip"))
+    assert again.exit_code == 0, again.stderr
+    assert "(0 rebuilt)" in again.stderr
+    # another image into X lets go of the gzip one; so does removing the folder
+    import shutil
+
+    shutil.rmtree(x)
+    result = cli("gc", "--store", repo / "store", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["removed_roots"] == [output_root_name(x)]
+    assert not any(store.has_blob(d) for d in gz_blobs - {zs.json()["layers"][0]["digest"]})
+    assert store.has_blob(zs.json()["image"])
+
+
+def test_what_killed_runs_left_is_removed(
+    repo: Path,
+    two_specs: tuple[Path, Path],
+    cli: Build,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """uv's wheel folders in the temporary directory and staging folders in memory: a later
+    build removes the first, `gc` both (older than a minute and unlocked, like scratch's)."""
+    tmp, shm = tmp_path / "tmp", tmp_path / "shm"
+    tmp.mkdir()
+    shm.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp))
+    monkeypatch.setenv(scratch.ENV, str(shm))
+    old = time.time() - 3600
+
+    def leftover(parent: Path, name: str) -> Path:
+        path = parent / name
+        (path / "inner").mkdir(parents=True)
+        (path / "inner" / "requirements.txt").write_text("x\n")
+        os.utime(path, (old, old))
+        return path
+
+    wheels = leftover(tmp, "envbuild-wheels-killed")
+    fresh = tmp / "envbuild-wheels-running"  # a minute old at most: maybe not locked yet
+    fresh.mkdir()
+    other = leftover(tmp, "envbuild-lock-notours")  # not a locked kind: never swept
+    spec_a, _ = two_specs
+    assert cli(*build_args(repo, spec_a, repo / "out")).exit_code == 0
+    assert not wheels.exists() and fresh.exists() and other.exists()
+    stage = leftover(shm, "envbuild-stage-killed")
+    wheels = leftover(tmp, "envbuild-wheels-killed2")
+    result = cli("gc", "--store", repo / "store", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["removed_scratch"] == 2
+    assert not stage.exists() and not wheels.exists() and fresh.exists() and other.exists()
+
+
+def test_the_printed_time_is_the_wall_time(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The base runs beside the layers: the line shows the build's wall time, not the stages'
+    sum (here the base and the layers each take at least 0.6 s, side by side)."""
+    from envbuild import build as build_mod
+
+    real_base, real_layer = build_mod._base_stage, build_mod._layer
+
+    def slow(fn: Callable[..., object]) -> Callable[..., object]:
+        def run(*a: object, **k: object) -> object:
+            time.sleep(0.6)
+            return fn(*a, **k)
+
+        return run
+
+    monkeypatch.setattr(build_mod, "_base_stage", slow(real_base))
+    monkeypatch.setattr(build_mod, "_layer", slow(real_layer))
+    spec_a, _ = two_specs
+    start = time.perf_counter()
+    result = cli(*build_args(repo, spec_a, repo / "out"))
+    took = time.perf_counter() - start
+    assert result.exit_code == 0, result.stderr
+    line = next(x for x in result.stderr.splitlines() if x.startswith("built "))
+    printed = float(line.split(" in ")[1].split(" s")[0])
+    assert printed <= took + 0.05
+    assert printed >= 0.6

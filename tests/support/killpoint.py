@@ -1,0 +1,63 @@
+"""Run `envbuild ARGS…` and die (``os._exit(137)``, as SIGKILL leaves a process: no cleanup,
+no ``finally``) at the N-th file-system step of writing the output folder.
+
+    python tests/support/killpoint.py N build --output X SPEC   # N = 0: never; prints the count
+
+The steps counted, from the moment the image stage starts writing the folder: every
+``os.replace``, ``os.rename``, ``os.link``, ``os.unlink``, ``os.fsync``, ``os.mkdir`` and every
+1 MiB buffer of a tar written out. With N = 0 the run finishes and the last line of stderr
+says how many steps it took (``killpoint steps: K``), so a test can pick points among them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import envbuild.build as build_mod
+from envbuild import layers, manifest
+from envbuild.cli import main
+
+KILL_AT = int(sys.argv[1])
+state = {"steps": 0, "armed": False}
+
+
+LOG = os.environ.get("KILLPOINT_LOG")
+
+
+def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if state["armed"]:
+            state["steps"] += 1
+            if state["steps"] == KILL_AT:
+                os._exit(137)
+            if LOG:
+                with open(LOG, "a") as f:
+                    f.write(f"{state['steps']} {name} {' '.join(map(str, args[:2]))}\n")
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+for name in ("replace", "rename", "link", "unlink", "fsync", "mkdir"):
+    setattr(os, name, count(name, getattr(os, name)))
+layers.Sink.flush = count("tar-buffer", layers.Sink.flush)  # type: ignore[method-assign]
+real_write_outputs = manifest.write_outputs
+
+
+def write_outputs(*args: Any, **kwargs: Any) -> Any:
+    state["armed"] = True
+    try:
+        return real_write_outputs(*args, **kwargs)
+    finally:
+        state["armed"] = False
+
+
+manifest.write_outputs = write_outputs  # type: ignore[assignment]
+build_mod.write_outputs = write_outputs  # type: ignore[assignment]
+
+code = main(sys.argv[2:])
+print(f"killpoint steps: {state['steps']}", file=sys.stderr)
+sys.exit(code)
