@@ -269,3 +269,74 @@ def test_concurrent_writers_of_the_same_blobs(tmp_path):
     assert blob_names_match_content(store)
     assert len(list(store.blobs.iterdir())) == 1 + 3 * 20
     assert list(store.tmp.iterdir()) == []
+
+
+def test_a_blob_is_hashed_again_only_when_its_stat_changed(tmp_path, monkeypatch):
+    """git's index: the stat recorded when the bytes were hashed; a hard link (ctime) alone is
+    no change once noted, a write is one even when its mtime is set back."""
+    store = Store(tmp_path / "store")
+    digest = store.add_bytes(b"layer bytes" * 1000)
+    path = store.blob_path(digest)
+    hashed: list[object] = []
+    real = store._hash_file
+    monkeypatch.setattr(store, "_hash_file", lambda p: hashed.append(p) or real(p))
+    assert store.check_blob(digest) and hashed == []  # stamped when written
+    fresh = Store(store.root)  # another process: reads the stamp file
+    monkeypatch.setattr(fresh, "_hash_file", lambda p: hashed.append(p) or real(p))
+    assert fresh.check_blob(digest) and hashed == []
+    os.link(path, tmp_path / "out-link")  # an output folder's hard link changes the ctime
+    store.linked(digest)
+    assert Store(store.root).check_blob(digest) and hashed == []
+    before = path.stat()
+    os.chmod(path, 0o644)
+    with path.open("r+b") as f:
+        f.write(b"L")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # touch -d: mtime set back
+    os.chmod(path, 0o444)
+    assert not fresh.check_blob(digest) and hashed  # ctime shows the write
+    with pytest.raises(IntegrityError, match=r"store blob sha256:\w+ \(a layer\)") as err:
+        fresh.verified_path(digest, what="a layer")
+    assert "envbuild store verify --repair" in (err.value.hint or "")
+    with pytest.raises(IntegrityError):
+        fresh.read_blob(digest)
+
+
+def test_lookup_drops_a_corrupt_output_so_it_is_built_again(tmp_path):
+    store = Store(tmp_path / "store")
+    calls: list[int] = []
+
+    def builder() -> Output:
+        calls.append(1)
+        return Output({"o": store.add_bytes(b"made")})
+
+    got = store.build("k", {}, builder)
+    path = store.blob_path(got.drv.outputs["o"])
+    os.chmod(path, 0o644)
+    path.write_bytes(b"evil")
+    again = store.build("k", {}, builder)
+    assert len(calls) == 2 and not again.reused
+    assert store.read_blob(again.drv.outputs["o"]) == b"made"
+    assert blob_names_match_content(store)
+
+
+def test_verify_names_the_blob_its_derivation_and_the_fix(tmp_path, cli):
+    store = Store(tmp_path / "store")
+    got = store.build("layer", {"x": 1}, lambda: Output({"layer": store.add_bytes(b"good")}))
+    loose = store.add_bytes(b"a wheel")
+    for digest in (got.drv.outputs["layer"], loose):
+        path = store.blob_path(digest)
+        os.chmod(path, 0o644)
+        path.write_bytes(b"bad")
+    (store.drvs / f"{'0' * 64}.json").write_text("{not json")
+    result = cli("store", "verify", "--store", store.root, "--jobs", "2")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    layer_line = next(x for x in lines if x.startswith(f"blob {got.drv.outputs['layer']}"))
+    assert f"output of layer {got.drv.key[:12]}" in layer_line and "fix: " in layer_line
+    assert any(x.startswith(f"blob {loose}") for x in lines)
+    assert any(x.startswith(f"derivation {'0' * 64}: its record is unreadable") for x in lines)
+    assert "2 corrupt blob(s), 2 broken derivation(s)" in lines[-1]
+    repaired = cli("store", "verify", "--store", store.root, "--repair", "--json")
+    assert repaired.exit_code == 1 and repaired.json()["repaired"]
+    assert cli("store", "verify", "--store", store.root).exit_code == 0
+    assert cli("store", "verify", "--store", store.root, "--jobs", "0").exit_code == 2
