@@ -584,10 +584,18 @@ class Loaded:
 
 
 def find_archive(path: Path) -> Path:
-    """The docker archive ``path`` names: the file itself, or ``DIR/docker-archive.tar``."""
+    """The docker archive ``path`` names: the file itself, or ``DIR/docker-archive.tar`` of a
+    build's output folder whose build finished."""
     path = Path(path)
     if path.is_file():
         return path
+    if (path / "oci").is_dir() and not (path / "build-manifest.json").is_file():
+        # a build output folder whose build did not finish: what it holds is not one image
+        raise InputFileError(
+            path,
+            "holds an unfinished build (no build-manifest.json: a build into it was interrupted)",
+            hint="build into it again (`envbuild build --output` this folder)",
+        )
     candidate = path / DOCKER_ARCHIVE
     if candidate.is_file():
         return candidate

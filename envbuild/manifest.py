@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,22 +332,28 @@ def _fsync_dir(path: Path) -> None:
 
 def _sweep_temps(out: Path) -> None:
     """Remove the temporary files a killed build left in the folder (``atomic_writer``'s
-    ``.<name>.*.tmp``: a docker archive's is gigabytes). The caller holds the folder's lock,
-    so no build is writing them now."""
+    ``.<name>.*.tmp`` of the files a build writes there: a docker archive's is gigabytes). The
+    caller holds the folder's lock, so no build is writing them now."""
+    ours = (MANIFEST_FILE, image.DOCKER_ARCHIVE, "index.json", "oci-layout")
     for folder in (out, out / OCI_DIR, out / OCI_DIR / "blobs" / "sha256"):
         try:
             entries = list(os.scandir(folder))
         except OSError:
             continue
         for entry in entries:
-            if (
-                entry.name.startswith(".")
-                and entry.name.endswith(".tmp")
-                and entry.is_file(follow_symlinks=False)
-            ):
+            name = entry.name
+            if not (name.startswith(".") and name.endswith(".tmp")):
+                continue
+            written = name[1:].rsplit(".", 2)[0]
+            if written not in ours and not _HEX64.match(written):
+                continue
+            if entry.is_file(follow_symlinks=False):
                 log.info("removing %s, left by a build that did not finish", entry.path)
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def stored_layer(store: Store, b: BuiltLayer) -> layers.Layer:

@@ -93,6 +93,9 @@ def test_a_killed_build_never_leaves_a_folder_called_current(
         held = folder_image(out)  # checks that all in the folder agrees with what it says
         want = image_a if at <= said_a else None if at <= says_b else image_b
         assert held == want, (at, held)
+        if held is None:  # and the folder's readers say so
+            refused = cli("load", out)
+            assert refused.exit_code == 2 and "unfinished build" in refused.stderr, at
         after = cli(*build_args(repo, spec_a, out))
         assert after.exit_code == 0, (at, after.stderr)
         assert after.stdout.strip() == image_a
@@ -110,11 +113,16 @@ def test_a_changed_output_file_is_not_called_current(
     assert cli(*build_args(repo, spec_a, out)).exit_code == 0
     image_a = folder_image(out)
     archive = out / "docker-archive.tar"
+    mine = out / ".notes.tmp"  # not a file a build writes: left alone
+    mine.write_text("mine\n")
+    left = out / ".docker-archive.tar.k1ll3d.tmp"  # what a killed build left: removed
+    left.write_bytes(b"half an archive")
     good = archive.read_bytes()
     archive.write_bytes(good[:-1024])  # truncated by hand, say
     again = cli(*build_args(repo, spec_a, out))
     assert again.exit_code == 0, again.stderr
     assert archive.read_bytes() == good
+    assert mine.exists() and not left.exists()
     index = out / "oci" / "index.json"
     index.write_text("{}")
     assert cli(*build_args(repo, spec_a, out)).exit_code == 0

@@ -217,3 +217,20 @@ def test_the_source_build_stage_uses_the_cache(registry: Registry, tmp_path: Pat
     wheel = machine_b.blob_path(second.wheel_digest)
     with zipfile.ZipFile(wheel) as zf:
         assert any(n.startswith("fixture_cext/") and n.endswith(".so") for n in zf.namelist())
+
+
+def test_a_corrupt_store_blob_is_never_published(registry: Registry, tmp_path: Path) -> None:
+    flags = ["-O2"]
+    store = Store(tmp_path / "plain")
+    got = store.build("sourcebuild", inputs(flags), Counter(store, tmp_path / "w", flags))
+    blob = store.blob_path(got.drv.outputs["wheel"])
+    blob.chmod(0o644)
+    with blob.open("r+b") as f:
+        f.write(b"X")
+    cache = cache_for(registry, "cache/never-corrupt")
+    mark = registry.log_mark()
+    with pytest.raises(IntegrityError, match="store blob sha256:"):
+        cache.publish(store, got.drv)
+    assert registry.uploads(mark) == []
+    status, _ = registry.get(f"/v2/cache/never-corrupt/manifests/{cache_tag(got.drv.key)}")
+    assert status == 404
