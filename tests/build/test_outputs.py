@@ -9,8 +9,10 @@ is not called current, and the next build of A into it exits 0 and leaves A ther
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -102,6 +104,55 @@ def test_a_killed_build_never_leaves_a_folder_called_current(
         assert folder_image(out) == image_a, at
         assert not [p for p in out.rglob(".*.tmp")], at
         assert not [p for p in (repo / "store" / "tmp").iterdir() if p.name.startswith("blob-")]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_the_found_case_with_a_real_signal(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build, sig: signal.Signals
+) -> None:
+    """Build A into X; kill a build of B into X (SIGKILL, or Ctrl-C) once X/oci/index.json
+    names B; build A again: it must write X again, not exit 0 over B's index."""
+    spec_a, spec_b = two_specs
+    out = repo / "out"
+    first = cli(*build_args(repo, spec_a, out))
+    assert first.exit_code == 0, first.stderr
+    image_a = first.stdout.strip()
+    log = repo / "steps.log"
+    killed_build(repo, spec_b, out, 0)  # B's layers into the store
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    killed_build(repo, spec_b, out, 0, log)
+    lines = log.read_text().splitlines()
+    after_index = 1 + next(
+        int(x.split()[0]) for x in lines if x.split()[1] == "replace" and "/oci/index.json" in x
+    )
+    assert cli(*build_args(repo, spec_a, out)).exit_code == 0
+    marker = repo / "paused"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        "KILLPOINT_PAUSE": f"{after_index}:{marker}",
+    }
+    child = subprocess.Popen(
+        [sys.executable, str(KILLPOINT), "0", *build_args(repo, spec_b, out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    index = json.loads((out / "oci" / "index.json").read_bytes())
+    assert index["manifests"][0]["digest"] != image_a  # X/oci/index.json has changed
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == (-9 if sig == signal.SIGKILL else 130), err
+    assert folder_image(out) is None
+    again = cli(*build_args(repo, spec_a, out))
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.strip() == image_a
+    assert folder_image(out) == image_a
 
 
 def test_a_changed_output_file_is_not_called_current(

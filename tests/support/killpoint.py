@@ -2,6 +2,7 @@
 no ``finally``) at the N-th file-system step of writing the output folder.
 
     python tests/support/killpoint.py N build --output X SPEC   # N = 0: never; prints the count
+    KILLPOINT_PAUSE=N:FILE python tests/support/killpoint.py 0 build …   # wait at step N
 
 The steps counted, from the moment the image stage starts writing the folder: every
 ``os.replace``, ``os.rename``, ``os.link``, ``os.unlink``, ``os.fsync``, ``os.mkdir`` and every
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,8 @@ state = {"steps": 0, "armed": False}
 
 
 LOG = os.environ.get("KILLPOINT_LOG")
+#: ``N:FILE``: at step N, create FILE and wait there for a signal (a test sends SIGKILL or SIGINT)
+PAUSE = os.environ.get("KILLPOINT_PAUSE", "")
 
 
 def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,6 +37,9 @@ def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             state["steps"] += 1
             if state["steps"] == KILL_AT:
                 os._exit(137)
+            if PAUSE and state["steps"] == int(PAUSE.split(":", 1)[0]):
+                open(PAUSE.split(":", 1)[1], "w").close()
+                time.sleep(60)
             if LOG:
                 with open(LOG, "a") as f:
                     f.write(f"{state['steps']} {name} {' '.join(map(str, args[:2]))}\n")
