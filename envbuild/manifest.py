@@ -15,7 +15,6 @@ archive unchanged. Then nothing is written.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -248,18 +247,20 @@ def _up_to_date(
 ) -> bool:
     """The output dir already holds this very image, unchanged since this store wrote it (a
     no-op rebuild writes nothing)."""
+    # byte for byte (what a build writes there is canonical), read no further than that: a
+    # folder's files are not parsed, so whatever they hold cannot crash the check
+    want = canonical_json(manifest.model_dump(mode="json")).encode()
+    want_index = image.index_json(img, ref_name)
     try:
-        old = json.loads((out / MANIFEST_FILE).read_bytes())
-        index = (out / OCI_DIR / "index.json").read_bytes()
-        layout = (out / OCI_DIR / "oci-layout").read_bytes()
-    except (OSError, ValueError):
+        if (
+            _head(out / MANIFEST_FILE, len(want)) != want
+            or _head(out / OCI_DIR / "index.json", len(want_index)) != want_index
+            or _head(out / OCI_DIR / "oci-layout", len(image.OCI_LAYOUT)) != image.OCI_LAYOUT
+        ):
+            return False
+    except OSError:
         return False
-    if (
-        old != json.loads(canonical_json(manifest.model_dump(mode="json")))
-        or index != image.index_json(img, ref_name)
-        or layout != image.OCI_LAYOUT
-        or (out / image.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs)
-    ):
+    if (out / image.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs):
         return False
     if root is None or root.image != manifest.image or root.output != str(out.absolute()):
         return False
@@ -287,6 +288,12 @@ def _up_to_date(
         elif not unchanged(dest):
             return False
     return True
+
+
+def _head(path: Path, n: int) -> bytes:
+    """The first ``n + 1`` bytes of ``path`` (enough to tell it is not ``n`` bytes long)."""
+    with path.open("rb") as f:
+        return f.read(n + 1)
 
 
 def _unchanged(out: Path, root: Root | None, manifest: BuildManifest) -> Callable[[Path], bool]:

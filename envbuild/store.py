@@ -966,10 +966,16 @@ def _output_holds(root: Root) -> bool:
     if root.output is None:
         return True
     try:
-        doc = json.loads((Path(root.output) / "build-manifest.json").read_bytes())
-    except (OSError, ValueError):
+        with (Path(root.output) / "build-manifest.json").open("rb") as f:
+            data = f.read(MAX_MANIFEST + 1)
+        doc = json.loads(data) if len(data) <= MAX_MANIFEST else None
+    except (OSError, ValueError, RecursionError):  # whatever the folder holds now
         return False
     return isinstance(doc, dict) and doc.get("image") == root.image
+
+
+#: A build manifest bigger than this is not one envbuild wrote (they are kilobytes).
+MAX_MANIFEST = 64 << 20
 
 
 def _fsync_dir(path: Path) -> None:

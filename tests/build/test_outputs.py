@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, CliResult
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.outputs import build_args, folder_image
 from support.project import write_project
 from support.wheels import make_wheel, ref
@@ -280,3 +282,38 @@ def test_the_printed_time_is_the_wall_time(
     printed = float(line.split(" in ")[1].split(" s")[0])
     assert printed <= took + 0.05
     assert printed >= 0.6
+
+
+HOSTILE = st.one_of(
+    st.binary(max_size=300),
+    st.integers(1, 200_000).map(lambda n: b"[" * n + b"]" * n),
+    st.integers(1, 200_000).map(lambda n: b'{"image":' * n),
+    st.just(b'{"image": "sha256:' + b"0" * 64 + b'"}\n'),
+    st.just(b"\xff\xfe" + "é".encode("utf-16")),
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(which=st.sampled_from(["build-manifest.json", "oci/index.json", "oci/oci-layout"]),
+       data=HOSTILE)  # fmt: skip
+def test_whatever_the_folder_holds_the_next_build_and_gc_are_right(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build, which: str, data: bytes
+) -> None:
+    """A folder's files, replaced by anything (random bytes, deep nesting, another image's
+    digest): the build writes the folder again and exits 0, gc exits 0; never a traceback."""
+    spec_a, _ = two_specs
+    out = repo / "out"
+    first = cli(*build_args(repo, spec_a, out))
+    assert first.exit_code == 0, first.stderr
+    path = out / which
+    path.unlink()
+    path.write_bytes(data)
+    gc = cli("gc", "--store", repo / "store", "--dry-run")
+    assert gc.exit_code == 0, gc.stderr
+    again = cli(*build_args(repo, spec_a, out))
+    assert again.exit_code == 0, again.stderr
+    assert folder_image(out) == first.stdout.strip()
