@@ -354,31 +354,33 @@ def build(
         with stage("layers", timings):
             top = [layer for layer in plan.layers if layer.name not in built]
             _layers(top, store, low, progress, result)
-        with stage("image", timings):
-            manifest = write_outputs(
-                plan,
-                store,
-                low.base,
-                built,
-                low.overlaps,
-                out,
-                docker_archive=docker_archive,
-                source_builds=made.builds,
-                patches=made.patches,
-            )
-        with stage("root", timings):
-            # one root per output folder, as Nix has one per out-link: it keeps what the
-            # folder's image needs until the folder is removed or holds another image
-            store.set_root(
-                output_root_name(out),
-                blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
-                # the overlap report, a Debian resolution, the source builds and patched wheels
-                # too: gc must not make the next build redo them
-                derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
-                output=out,
-                image=manifest.image,
-                files=output_files(out, manifest),
-            )
+        # two builds into one folder take turns, each writing the folder and then its root
+        with store.lock_output(out):
+            with stage("image", timings):
+                manifest = write_outputs(
+                    plan,
+                    store,
+                    low.base,
+                    built,
+                    low.overlaps,
+                    out,
+                    docker_archive=docker_archive,
+                    source_builds=made.builds,
+                    patches=made.patches,
+                )
+            with stage("root", timings):
+                # one root per output folder, as Nix has one per out-link: it keeps what the
+                # folder's image needs until the folder is removed or holds another image
+                store.set_root(
+                    output_root_name(out),
+                    blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
+                    # the overlap report, a Debian resolution, the source builds and patched wheels
+                    # too: gc must not make the next build redo them
+                    derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
+                    output=out,
+                    image=manifest.image,
+                    files=output_files(out, manifest),
+                )
     result.manifest = manifest
     result.wall = time.perf_counter() - start
     return result

@@ -189,25 +189,23 @@ def write_outputs(
         image=img.manifest_digest,
         outputs=outputs,
     )
-    with store.lock_output(out):
-        _sweep_temps(out)
-        root = store.get_root(output_root_name(out))
-        if _up_to_date(store, out, manifest, img, plan.spec, root):
-            log.debug("%s is up to date", out)
-            return manifest
-        _invalidate(out)
-        image.write_oci_layout(
-            store, img, out / OCI_DIR, ref_name=plan.spec, keep=_unchanged(out, root, manifest)
-        )
-        archive = out / image.DOCKER_ARCHIVE
-        if docker_archive:
-            image.write_docker_archive(
-                store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"]
-            )
-        else:
-            archive.unlink(missing_ok=True)  # it would hold another image
-        write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
-        _fsync_dir(out)
+    # the caller holds store.lock_output(out) until the folder's root is written too
+    _sweep_temps(out)
+    root = store.get_root(output_root_name(out))
+    if _up_to_date(store, out, manifest, img, plan.spec, root):
+        log.debug("%s is up to date", out)
+        return manifest
+    _invalidate(out)
+    image.write_oci_layout(
+        store, img, out / OCI_DIR, ref_name=plan.spec, keep=_unchanged(out, root, manifest)
+    )
+    archive = out / image.DOCKER_ARCHIVE
+    if docker_archive:
+        image.write_docker_archive(store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"])
+    else:
+        archive.unlink(missing_ok=True)  # it would hold another image
+    write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
+    _fsync_dir(out)
     return manifest
 
 

@@ -317,3 +317,33 @@ def test_whatever_the_folder_holds_the_next_build_and_gc_are_right(
     again = cli(*build_args(repo, spec_a, out))
     assert again.exit_code == 0, again.stderr
     assert folder_image(out) == first.stdout.strip()
+
+
+def test_two_builds_into_one_folder_take_turns(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build
+) -> None:
+    """Both finish; the folder holds one of them, complete, and its root says which."""
+    spec_a, spec_b = two_specs
+    out = repo / "out"
+    for spec in (spec_a, spec_b):  # their layers into the store first
+        assert cli(*build_args(repo, spec, repo / f"warm-{spec.stem}")).exit_code == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "envbuild", *build_args(repo, spec, out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for spec in (spec_a, spec_b, spec_a, spec_b)
+    ]
+    printed = set()
+    for child in children:
+        stdout, stderr = child.communicate(timeout=300)
+        assert child.returncode == 0, stderr
+        printed.add(stdout.strip())
+    held = folder_image(out)
+    assert held in printed
+    root = Store(repo / "store").get_root(output_root_name(out))
+    assert root is not None and root.image == held
