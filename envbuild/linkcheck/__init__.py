@@ -221,29 +221,44 @@ def check_folder(
     torch: str | None = None,
     accept: Mapping[str, str] | None = None,
     cache: Cache | None = None,
-    digests: Mapping[str, str] | None = None,
-    owners: Mapping[str, tuple[str, str]] | None = None,
 ) -> Report:
     """Check the environment under ``prefix`` of the tree at ``root`` (a live venv: root ``/``
-    and its own path; a build's extracted tree: its folder and the venv's path in the image).
-    ``system`` is the base's library folders and listing (default: read at ``system_root``);
-    ``accept`` maps finding ids to the spec's reasons; ``digests`` the sha256 of files the
-    caller knows (keyed by path here); ``owners`` the distribution of each path in the
-    environment (default: from the RECORDs)."""
+    and its own path). ``system`` is the base's library folders and listing (default: read at
+    ``system_root``); ``accept`` maps finding ids to the spec's reasons."""
     files, names = _candidates(root, prefix)
-    owners = owners if owners is not None else _owners(root, prefix)
-    if torch is None:
-        torch = next((v for d, v in owners.values() if d == "torch"), None)
-    cache = cache if cache is not None else Cache(default_cache())
-    known = digests or {}
-    got = read_all(
-        {here: known.get(here) for here in files.values()},
+    return check_entries(
+        {env: (here, None) for env, here in files.items()},
+        names=frozenset(names),
+        owners=_owners(root, prefix),
+        system=system if system is not None else system_listing(system_root),
+        torch=torch,
+        accept=accept,
         cache=cache,
         tree_key=tree_key(root + prefix),
     )
-    elf = {env: got.elf[here] for env, here in files.items() if here in got.elf}
-    others = frozenset(names) | frozenset(files.keys() - elf.keys())
-    dirs, listing = system if system is not None else system_listing(system_root)
+
+
+def check_entries(
+    entries: Mapping[str, tuple[str | None, str | None]],
+    *,
+    names: frozenset[str],
+    owners: Mapping[str, tuple[str, str]],
+    system: tuple[Sequence[str], frozenset[str]],
+    torch: str | None = None,
+    accept: Mapping[str, str] | None = None,
+    cache: Cache | None = None,
+    tree_key: str | None = None,
+) -> Report:
+    """The link check of an environment given as ``{path in it: (path here or None, sha256 or
+    None)}`` for the files that may be ELF; ``names`` the other paths in it; ``owners`` the
+    distribution and version of each path."""
+    if torch is None:
+        torch = next((v for d, v in owners.values() if d == "torch"), None)
+    cache = cache if cache is not None else Cache(default_cache())
+    got = read_all(entries, cache=cache, tree_key=tree_key)
+    elf = got.elf
+    others = names | frozenset(entries.keys() - elf.keys())
+    dirs, listing = system
     drivers = driver_libraries()
     env_files = {env: EnvFile(env, *(owners.get(env) or (None, None))) for env in elf}
     tree = Tree(
@@ -258,20 +273,15 @@ def check_folder(
     )
     found = check(tree, demangle)
     accept = accept or {}
-    report = Report(
+    return Report(
         findings=[f for f in found if f.id not in accept and f.loaded],
         accepted=[(f, accept[f.id]) for f in found if f.id in accept],
         optional=[f for f in found if f.id not in accept and not f.loaded],
         checked=len(elf),
-        unreadable={_env_of(files, here): why for here, why in got.unreadable.items()},
+        unreadable=dict(got.unreadable),
         cache_hits=got.hits,
         cache_misses=got.misses,
     )
-    return report
 
 
-def _env_of(files: Mapping[str, str], here: str) -> str:
-    return next((env for env, h in files.items() if h == here), here)
-
-
-__all__ += ["SHOWN", "Cache", "default_cache"]
+__all__ += ["SHOWN", "Cache", "check_entries", "default_cache"]

@@ -30,7 +30,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from envbuild.linkcheck.elf import ElfInfo
 
@@ -112,6 +112,19 @@ class Finding:
             "cause": self.cause,
             "loaded": self.loaded,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(
+            kind=data["kind"],
+            dist=data["distribution"],
+            file=data["file"],
+            missing=tuple(data["missing"]),
+            looked_in=tuple(data["looked_in"]),
+            cause=data["cause"],
+            demangled=tuple(data["demangled"]),
+            loaded=bool(data["loaded"]),
+        )
 
     def line(self) -> str:
         what = ", ".join(self.demangled or self.missing[:SHOWN])

@@ -174,45 +174,51 @@ def _stat_key(path: str) -> list[Any] | None:
 
 
 def read_all(
-    files: Mapping[str, str | None],
+    files: Mapping[str, tuple[str | None, str | None]],
     *,
     cache: Cache | None = None,
     tree_key: str | None = None,
     workers: int | None = None,
 ) -> Read:
-    """The facts of each of ``files`` (``{path on this machine: sha256 or None}``) that is a
-    host ELF object. ``tree_key`` names the tree whose stats are remembered (its root)."""
+    """The facts of each of ``files`` (``{key: (path on this machine or None, sha256 or
+    None)}``) that is a host ELF object, by key. A file without a path must be in the cache
+    under its digest. ``tree_key`` names the tree whose stats are remembered (its root)."""
     cache = cache or Cache(None)
     known = cache.stats(tree_key) if tree_key else {}
     stats: dict[str, list[Any]] = {}
     elf: dict[str, ElfInfo] = {}
     unreadable: dict[str, str] = {}
-    todo: list[str] = []
+    todo: list[tuple[str, str, int]] = []
     hits = 0
-    for path, digest in files.items():
-        now = _stat_key(path)
-        if now is None:
-            unreadable[path] = "cannot be read"
+    for key, (path, digest) in files.items():
+        now = _stat_key(path) if path is not None else None
+        if path is not None and now is None:
+            unreadable[key] = "cannot be read"
             continue
-        if digest is None and (seen := known.get(path)) and seen[:3] == now:
+        if digest is None and path is not None and (seen := known.get(path)) and seen[:3] == now:
             digest = str(seen[3])
         if digest is not None:
             hit, info = cache.get(digest)
             if hit:
                 hits += 1
-                stats[path] = [*now, digest]
+                if path is not None and now is not None:
+                    stats[path] = [*now, digest]
                 if info is not None:
-                    elf[path] = info
+                    elf[key] = info
                 continue
-        todo.append(path)
-    todo.sort(key=lambda p: -os.stat(p).st_size)  # costliest first
+        if path is None or now is None:
+            unreadable[key] = "not in the link-check cache, and not on disk"
+            continue
+        todo.append((key, path, int(now[0])))
+    todo.sort(key=lambda item: -item[2])  # costliest first
     workers = workers or hashing.DEFAULT_WORKERS or os.cpu_count() or 1
-    total = sum(os.stat(p).st_size for p in todo)
+    total = sum(size for _, _, size in todo)
     processes = workers > 1 and len(todo) > 1 and hashing.forkable() and total >= 64 << 20
-    results = hashing.run_jobs(todo, _read_one, workers=workers, processes=processes)
-    for path, (digest, data, exports, error) in zip(todo, results, strict=True):
+    paths = [path for _, path, _ in todo]
+    results = hashing.run_jobs(paths, _read_one, workers=workers, processes=processes)
+    for (key, path, _), (digest, data, exports, error) in zip(todo, results, strict=True):
         if error is not None:
-            unreadable[path] = error
+            unreadable[key] = error
             continue
         info = ElfInfo.from_dict(data, frozenset(exports)) if data is not None else None
         cache.put(digest, info)
@@ -220,7 +226,7 @@ def read_all(
         if now is not None:
             stats[path] = [*now, digest]
         if info is not None:
-            elf[path] = info
+            elf[key] = info
     if tree_key and stats != {k: v for k, v in known.items() if k in stats}:
         cache.put_stats(tree_key, stats)
     return Read(elf, unreadable, hits, len(todo))
