@@ -20,7 +20,6 @@ import os
 import posixpath
 import re
 import shutil
-import stat
 import subprocess
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,7 +55,8 @@ SYSTEM_DIRS = (
     "/lib",
     "/usr/lib",
 )
-_LIBRARY_NAME = re.compile(r"\.so(?:\.[0-9]+)*$")
+_LIBRARY_NAME = re.compile(r"\.so(?:\.[^/]*)?$")  # libssl-81259c47.so.1.1.1k too
+_NOT_ELF = (".py", ".pyc", ".pyi", ".h", ".hpp", ".cuh", ".json", ".txt", ".typed", ".md")
 
 
 @dataclass(frozen=True)
@@ -171,44 +171,62 @@ def _owners(root: str, prefix: str) -> dict[str, tuple[str, str]]:
     root_dir = posixpath.normpath(root).rstrip("/") + "/"
     top_is_root = root_dir == "/"
     for site in sorted(Path(top).glob("lib*/python*/site-packages")):
+        site_dir = str(site)
         for record in sorted(site.glob("*.dist-info/RECORD")):
             name, _, version = record.parent.name.removesuffix(".dist-info").partition("-")
             dist = canonicalize_name(name)
             try:
-                rows = csv.reader(io.StringIO(record.read_text(errors="replace")))
-                for row in rows:
-                    # only what may be ELF (the rest never becomes a finding's owner)
-                    if not row or row[0].endswith((".py", ".pyc", ".pyi", ".h", ".json")):
-                        continue
-                    real = posixpath.normpath(posixpath.join(str(site), row[0]))
-                    out[real if top_is_root else "/" + real[len(root_dir) :]] = (dist, version)
-            except (OSError, csv.Error):
+                text = record.read_text(errors="replace")
+            except OSError:
                 continue
+            for line in text.splitlines():
+                # the path, without csv's cost for the plain rows (a quoted one goes through csv)
+                path = line.rsplit(",", 2)[0] if not line.startswith('"') else None
+                if path is None:
+                    try:
+                        path = next(csv.reader(io.StringIO(line)))[0]
+                    except (csv.Error, StopIteration, IndexError):
+                        continue
+                # only what may be ELF (the rest never becomes a finding's owner)
+                if not path or path.endswith(_NOT_ELF):
+                    continue
+                real = posixpath.normpath(posixpath.join(site_dir, path))
+                out[real if top_is_root else "/" + real[len(root_dir) :]] = (dist, version)
     return out
 
 
 def _candidates(root: str, prefix: str) -> tuple[dict[str, str], set[str]]:
-    """``{path in the environment: path here}`` of the files that may be ELF (a library name,
-    or executable), and the paths of the other entries (symlinks, whose names count)."""
+    """``{path in the environment: path here}`` of the files that may be ELF (a library name;
+    or executable, among files without a suffix or in a ``bin`` folder), and the paths of the
+    symlinks (whose names count for the lookup)."""
     files: dict[str, str] = {}
     names: set[str] = set()
-    top = _under(root, prefix)
-    for here, dirs, leaves in os.walk(top):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        rel = "/" + os.path.relpath(here, root).replace(os.sep, "/") if here != root else "/"
-        for leaf in leaves:
-            full = os.path.join(here, leaf)
-            env = posixpath.normpath(posixpath.join(rel, leaf))
+    top = _under(root, prefix).rstrip("/")
+    skip = len(root.rstrip("/"))
+    todo = [top]
+    while todo:
+        here = todo.pop()
+        try:
+            with os.scandir(here) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        in_bin = here.endswith("/bin")
+        for e in entries:
+            full = f"{here}/{e.name}"
             try:
-                st = os.lstat(full)
+                if e.is_symlink():
+                    names.add(full[skip:] or "/")
+                elif e.is_dir():
+                    if e.name != "__pycache__":
+                        todo.append(full)
+                elif e.is_file() and (
+                    _LIBRARY_NAME.search(e.name)
+                    or ((in_bin or "." not in e.name) and e.stat().st_mode & 0o111)
+                ):
+                    files[full[skip:]] = full
             except OSError:
                 continue
-            if stat.S_ISLNK(st.st_mode):
-                names.add(env)
-            elif stat.S_ISREG(st.st_mode) and (
-                _LIBRARY_NAME.search(leaf) or (st.st_mode & 0o111 and not leaf.endswith(".py"))
-            ):
-                files[env] = full
     return files, names
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from envbuild.linkcheck.elf import ElfInfo
+from envbuild.linkcheck.facts import ElfInfo, is_torch_symbol
 
 #: torch's libraries whose linking makes a file a torch extension.
 TORCH_LIBRARIES = frozenset(
@@ -45,10 +45,14 @@ TORCH_LIBRARIES = frozenset(
         "libc10_cuda.so",
     }
 )
-#: A mangled name in torch's namespaces (a length-prefixed c10/at/torch/caffe2 component).
-_TORCH_NS = re.compile(r"(?<![0-9])(?:3c10|2at|5torch|6caffe2)(?=[0-9A-Z_])")
 #: How many symbols a finding lists demangled.
 SHOWN = 5
+_TORCH_ORDER = {
+    name: i
+    for i, name in enumerate(
+        ["libtorch_cpu.so", "libc10.so", "libtorch_cuda.so", "libc10_cuda.so", "libtorch_python.so"]
+    )
+}
 _SO_VERSION = re.compile(r"\.so((?:\.\d+)*)$")
 
 
@@ -134,10 +138,6 @@ class Finding:
         return f"{self.dist or '?'}: {self.file} {noun} {what}{extra} ({self.cause})"
 
 
-def is_torch_symbol(name: str) -> bool:
-    return name.startswith("_Z") and _TORCH_NS.search(name) is not None
-
-
 class _Index:
     """Where each library name is, in the environment and the base."""
 
@@ -152,6 +152,13 @@ class _Index:
             self.by_name.setdefault(posixpath.basename(path), []).append(path)
         for paths in self.by_name.values():
             paths.sort()
+        # every library name by its stem (libcudart.so.12 -> libcudart), for the causes
+        self.by_stem: dict[str, set[str]] = {}
+        for name in self.by_name:
+            self.by_stem.setdefault(_stem(name), set()).add(name)
+        for path in tree.system:
+            name = posixpath.basename(path)
+            self.by_stem.setdefault(_stem(name), set()).add(name)
 
     def search_dirs(self, path: str, info: ElfInfo) -> list[str]:
         origin = posixpath.dirname(path)
@@ -280,7 +287,9 @@ def _closure(path: str, resolved: Mapping[str, list[str]]) -> list[str]:
 
 
 def _missing_symbols(tree: Tree, path: str, others: Sequence[str]) -> list[str]:
-    scope = [tree.elf[p] for p in others]
+    # torch's own libraries first: nearly every symbol is found at the first or second look
+    ordered = sorted(others, key=lambda p: _TORCH_ORDER.get(posixpath.basename(p), 99))
+    scope = [tree.elf[p] for p in ordered]
     out: list[str] = []
     for sym in tree.elf[path].undefined:
         if sym.weak or not is_torch_symbol(sym.name):
@@ -321,10 +330,7 @@ def _missing_library(
 
 def _library_cause(tree: Tree, index: _Index, needed: str, dirs: Iterable[str]) -> str:
     stem = _stem(needed)
-    others = sorted(
-        {n for n in index.by_name if _stem(n) == stem and n != needed}
-        | {posixpath.basename(p) for p in tree.system if _stem(posixpath.basename(p)) == stem}
-    )
+    others = sorted(index.by_stem.get(stem, set()) - {needed})
     if stem == "libcudart" and (m := _SO_VERSION.search(needed)) and m.group(1):
         major = m.group(1).split(".")[1]
         have = ", ".join(others) or "no libcudart"

@@ -1,10 +1,11 @@
 """What one ELF file asks of the dynamic linker, and what it offers: read with pyelftools.
 
 :func:`read_elf` returns an :class:`ElfInfo`: the file's ``DT_NEEDED``, ``DT_RPATH``,
-``DT_RUNPATH`` and ``DT_SONAME``; its undefined symbols (each with the version it requires and
-the file that version belongs to, from ``.gnu.version_r``); and its exports (defined global and
-weak symbols of default or protected visibility, each under its plain name when it is the
-default version and as ``name@VERSION`` for every version it has, from ``.gnu.version_d``).
+``DT_RUNPATH`` and ``DT_SONAME``; its undefined symbols in torch's namespaces (each with the
+version it requires and the file that version belongs to, from ``.gnu.version_r``); and its
+exports (defined global and weak symbols of default or protected visibility, each under its
+plain name when it is the default version and as ``name@VERSION`` for every version it has,
+from ``.gnu.version_d``).
 
 pyelftools reads the headers, the sections, the dynamic tags and the version tables. The symbol
 table itself is decoded in bulk with :func:`struct.iter_unpack` over the section's bytes (its
@@ -19,14 +20,14 @@ dynamic section gives None. A malformed ELF file gives :class:`BadElf`, never a 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
+
+from envbuild.linkcheck.facts import ElfInfo, Undefined, is_torch_symbol
 
 MAGIC = b"\x7fELF"
 #: Machines whose shared objects a CPU loads (x86-64, AArch64); cubins (EM_CUDA) are not.
@@ -42,62 +43,6 @@ _VERSYM_HIDDEN = 0x8000
 
 class BadElf(Exception):
     """The file starts like ELF but its headers or tables cannot be read."""
-
-
-@dataclass(frozen=True)
-class Undefined:
-    """A symbol a file needs from another: its version and the file that version is from (the
-    ``.gnu.version_r`` entry), None when unversioned; ``weak`` ones may stay unresolved."""
-
-    name: str
-    version: str | None = None
-    version_file: str | None = None
-    weak: bool = False
-
-
-@dataclass
-class ElfInfo:
-    soname: str | None = None
-    needed: list[str] = field(default_factory=list)
-    rpath: list[str] = field(default_factory=list)
-    runpath: list[str] = field(default_factory=list)
-    undefined: list[Undefined] = field(default_factory=list)
-    has_versions: bool = False  # whether the file defines symbol versions at all
-    program: bool = False  # it names a program interpreter (an executable, not only a library)
-    #: the exports, or how to load them (a cache entry's: only files whose symbols are needed)
-    export_source: frozenset[str] | Callable[[], frozenset[str]] = frozenset()
-
-    @property
-    def exports(self) -> frozenset[str]:
-        if callable(self.export_source):
-            self.export_source = self.export_source()
-        return self.export_source
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "soname": self.soname,
-            "needed": self.needed,
-            "rpath": self.rpath,
-            "runpath": self.runpath,
-            "undefined": [[u.name, u.version, u.version_file, u.weak] for u in self.undefined],
-            "has_versions": self.has_versions,
-            "program": self.program,
-        }
-
-    @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], exports: frozenset[str] | Callable[[], frozenset[str]]
-    ) -> ElfInfo:
-        return cls(
-            soname=data["soname"],
-            needed=list(data["needed"]),
-            rpath=list(data["rpath"]),
-            runpath=list(data["runpath"]),
-            undefined=[Undefined(n, v, f, bool(w)) for n, v, f, w in data["undefined"]],
-            export_source=exports,
-            has_versions=bool(data["has_versions"]),
-            program=bool(data["program"]),
-        )
 
 
 def is_elf(head: bytes) -> bool:
@@ -178,7 +123,9 @@ def _read(elf: ELFFile) -> ElfInfo | None:
         end = strtab.find(b"\0", name_at)
         name = strtab[name_at : end if end >= 0 else len(strtab)].decode("utf-8", "replace")
         ver = versions[index] if versions is not None and index < len(versions) else 1
-        if shndx == 0:  # SHN_UNDEF: needed from elsewhere
+        if shndx == 0:  # SHN_UNDEF: needed from elsewhere; only torch's are checked
+            if not is_torch_symbol(name):
+                continue
             need = required.get(ver & 0x7FFF)
             undefined.append(
                 Undefined(

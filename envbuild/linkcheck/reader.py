@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import EnvironmentFailure
-from envbuild.linkcheck.elf import BadElf, ElfInfo, is_elf, read_elf
-from envbuild.snapshot import hashing
+from envbuild.linkcheck.facts import ElfInfo
 
 log = logging.getLogger("envbuild.linkcheck.reader")
 
 #: Bumped whenever what an entry holds changes: older entries are then misses.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 def default_cache() -> Path:
@@ -145,6 +144,8 @@ def _read_one(
     path: str, _buffer: bytearray | None
 ) -> tuple[str, dict[str, Any] | None, list[str], str | None]:
     """In a worker: (sha256, facts, exports, error) of the file at ``path``."""
+    from envbuild.linkcheck.elf import BadElf, is_elf, read_elf
+
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -210,6 +211,12 @@ def read_all(
             unreadable[key] = "not in the link-check cache, and not on disk"
             continue
         todo.append((key, path, int(now[0])))
+    if not todo:
+        if tree_key and stats != {k: v for k, v in known.items() if k in stats}:
+            cache.put_stats(tree_key, stats)
+        return Read(elf, unreadable, hits, 0)
+    from envbuild.snapshot import hashing  # the worker pool (and pyelftools): cold only
+
     todo.sort(key=lambda item: -item[2])  # costliest first
     workers = workers or hashing.DEFAULT_WORKERS or os.cpu_count() or 1
     total = sum(size for _, _, size in todo)
