@@ -56,8 +56,14 @@ def read_elf(stream: IO[bytes]) -> ElfInfo | None:
     stream.seek(0)
     if not is_elf(head):
         return None
+    size = stream.seek(0, 2)
+    stream.seek(0)
     try:
-        return _read(ELFFile(stream))
+        elf = ELFFile(stream)
+        # a section count the file cannot hold (extended numbering allows 2**32) is a lie
+        if elf.num_sections() * max(elf["e_shentsize"], 1) > size:
+            raise BadElf(f"{elf.num_sections()} section headers do not fit in {size} bytes")
+        return _read(elf)
     except (ELFError, struct.error, ValueError, KeyError, IndexError, OverflowError) as exc:
         raise BadElf(str(exc) or type(exc).__name__) from exc
     except (AttributeError, TypeError, AssertionError, UnicodeDecodeError) as exc:
@@ -89,6 +95,12 @@ def _read(elf: ELFFile) -> ElfInfo | None:
     symtab = sections.get("SHT_DYNSYM")
     if symtab is None:
         return info
+    for kind, entry in (("SHT_GNU_verdef", 20), ("SHT_GNU_verneed", 16)):
+        # pyelftools walks sh_info entries, a count the file states: a wrong one (and a zero
+        # "next" offset) would have it yield the same entry four billion times
+        listed = sections.get(kind)
+        if listed is not None and listed["sh_info"] > max(listed["sh_size"], 0) // entry:
+            raise BadElf(f"{kind} claims {listed['sh_info']} entries in {listed['sh_size']} bytes")
     defined: dict[int, str] = {}
     verdef = sections.get("SHT_GNU_verdef")
     if isinstance(verdef, GNUVerDefSection):
