@@ -56,7 +56,9 @@ def test_snapshot_records_findings_and_verify_reports_them(
 
     ext = broken_extension(venv, tmp_path)
     after = tmp_path / "after.json"
-    assert cli("snapshot", "--python", venv, *SCOPE, "-o", after).exit_code == 0
+    shown = cli("snapshot", "--python", venv, *SCOPE, "-o", after)
+    assert shown.exit_code == 0
+    assert f"  will not load: {ext} (no distribution) needs libgone.so.1 (" in shown.stdout
     [finding] = json.loads(after.read_text())["pythons"][0]["links"]
     assert finding["file"] == str(ext) and finding["missing"] == ["libgone.so.1"]
     assert finding["kind"] == "library" and finding["loaded"] is True
