@@ -354,6 +354,8 @@ def build(
         with stage("layers", timings):
             top = [layer for layer in plan.layers if layer.name not in built]
             _layers(top, store, low, progress, result)
+        with stage("links", timings):
+            _links(loaded, plan, store, low, blobs, progress)
         # two builds into one folder take turns, each writing the folder and then its root
         with store.lock_output(out):
             with stage("image", timings):
@@ -611,6 +613,67 @@ def _overlaps(
     report = json.loads(store.read_blob(drv.outputs["report"]))
     leaves = {k: frozenset(v) for k, v in report["leaves_out"].items()}
     return list(report["overlaps"]), leaves
+
+
+#: Bumped when what the link check finds for the same wheels and base changes.
+LINKCHECK_FORMAT = 1
+
+
+def _links(
+    loaded: LoadedSpec,
+    plan: Plan,
+    store: Store,
+    low: _Lower,
+    blobs: dict[str, Path],
+    progress: Progress,
+) -> None:
+    """The link check of the image (envbuild.linkcheck): a derivation of its wheels and base,
+    so a no-op rebuild only reads its report. A finding the spec does not accept in
+    ``[image.link_findings]`` stops the build (exit 2); the layers made stay in the store."""
+    from envbuild import linkcheck
+    from envbuild.errors import LinkFindings
+    from envbuild.linkcheck.wheels import Wheel, check_image
+
+    dists = {d.sha256: d for layer in plan.layers for d in layer.dists}
+    inputs = {
+        "wheels": sorted(dists),
+        "base": [layer.digest for layer in low.base.layers],
+        "target": low.target.key(),
+        "leaves_out": {k: sorted(v) for k, v in sorted(low.leaves.items())},
+        "format": LINKCHECK_FORMAT,
+    }
+
+    def builder() -> Output:
+        if missing := [low.by_sha[s] for s in dists if s not in blobs and s in low.by_sha]:
+            blobs.update(fetch_wheels(missing, store, progress=progress))
+        wheels = [Wheel(d.name, d.version, blobs[s]) for s, d in sorted(dists.items())]
+        torch = next((d.version for d in dists.values() if d.name == "torch"), None)
+        base = [(store.blob_path(layer.digest), layer.media_type) for layer in low.base.layers]
+        with (
+            progress.task("link check", len(wheels), unit="dists") as task,
+            store.temp_dir("links-") as work,
+        ):
+            report = check_image(
+                wheels,
+                base,
+                low.target,
+                work,
+                cache=linkcheck.Cache(linkcheck.default_cache()),
+                torch=torch,
+                leaves=low.leaves,
+            )
+            task.advance(len(wheels))
+        return Output(
+            outputs={"report": store.add_bytes(canonical_json(report.as_dict()).encode())}
+        )
+
+    drv = store.build("links", inputs, builder).drv
+    low.kept.append(drv.key)
+    data = json.loads(store.read_blob(drv.outputs["report"]))
+    accept = loaded.spec.image.link_findings
+    found = [linkcheck.Finding.from_dict(f) for f in data["findings"]]
+    if bad := [f for f in found if f.id not in accept]:
+        raise LinkFindings(f"image {plan.spec}", [f.line() for f in bad], [f.id for f in bad])
 
 
 def _layer(

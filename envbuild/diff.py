@@ -265,6 +265,19 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
         else:
             disk = f"{' & '.join(o.matches)}'s bytes on disk"
         side.put(ok, ot, o.path, Fact(f"{' & '.join(o.owners)}; {disk}"))
+    if env.links is not None:  # None: taken by an envbuild without the link check
+        lk, lt = f"links {key}", f"files that will not load ({env.requested})"
+        side.group(lk, lt)
+        for f in env.links:
+            what = ", ".join(f.demangled or f.missing[:5])
+            more = f" and {len(f.missing) - 5} more" if len(f.missing) > 5 else ""
+            note = "" if f.loaded else "; a plugin no import loads"
+            side.put(
+                lk,
+                lt,
+                f"{f.file.removeprefix(env.prefix + '/')} ({f.distribution or 'no distribution'})",
+                Fact(f"needs {what}{more} ({f.cause}{note})", detail=" ".join(f.missing)),
+            )
 
 
 # --- patches ---------------------------------------------------------------------------------
@@ -406,7 +419,7 @@ def load_side(path: Path) -> tuple[Side, Snapshot | None]:
 def _pair_envs(a: Side, b: Side) -> None:
     """Python environments are matched by the path asked for; when exactly one environment on
     each side is left unmatched (two machines, or a snapshot and a build manifest), they pair."""
-    prefixes = ("packages ", "patches ", "files ", "overlaps ")
+    prefixes = ("packages ", "patches ", "files ", "overlaps ", "links ")
     a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
     b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
     only_a, only_b = a_envs - b_envs, b_envs - a_envs
@@ -442,6 +455,8 @@ def compare(a: Side, b: Side) -> DiffResult:
                 envs.changes.append(Change(env, before, after))
             elif key.startswith("patches ") and f"packages {key[8:]}" not in missing.groups:
                 pass  # the whole environment is missing: shown under environments
+            elif key.startswith("links ") and f"packages {key[6:]}" not in missing.groups:
+                pass
             elif not key.startswith(("files ", "overlaps ")):
                 skipped.setdefault(f"not recorded in {missing.label}", []).append(title)
             continue
@@ -485,6 +500,7 @@ _ORDER = (
     "patches",
     "files",
     "overlaps",
+    "links",
     "containers",
     "services",
     "models",

@@ -240,3 +240,27 @@ class ServiceFailed(EnvironmentFailure):
         if self.hint:
             out.append(f"hint: {self.hint}")
         return out
+
+
+class LinkFindings(UserError):
+    """Files of an environment will not load (envbuild.linkcheck): libraries or torch symbols
+    they need are missing. Carries one line per finding; a spec accepts a finding by its id in
+    ``[image.link_findings]``, with a reason."""
+
+    def __init__(self, where: str, findings: Sequence[str], ids: Sequence[str]) -> None:
+        count = len(findings)
+        super().__init__(
+            f"{where}: {count} file{'s' if count != 1 else ''} will not load",
+            hint="fix the distributions named (a build for this torch and CUDA), or accept "
+            "each by its id in [image.link_findings] with the reason: "
+            + ", ".join(f'"{i}"' for i in sorted(set(ids))[:5]),
+        )
+        self.findings = list(findings)
+        self.ids = list(ids)
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        out.extend("  " + line for line in self.findings)
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out

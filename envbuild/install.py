@@ -137,6 +137,11 @@ def _is_dist_info(name: str, leaf: str) -> bool:
     return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == leaf
 
 
+def member_path(member: str, target: VenvTarget) -> str | None:
+    """Where a wheel's member lands, relative to the venv (None: a scheme uv does not install)."""
+    return _install_path(member, target)
+
+
 def _install_path(member: str, target: VenvTarget) -> str | None:
     parts = PurePosixPath(member).parts
     if not parts:

@@ -30,7 +30,7 @@ from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
-from envbuild.errors import EnvbuildError, EnvironmentFailure
+from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings
 from envbuild.spec.model import Spec
 
 log = logging.getLogger("envbuild.apply")
@@ -176,6 +176,7 @@ def apply(
         if spec.model is not None:
             outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
         target = realised.generation
+        _check_links(target, spec)
         if drift is None and current is not None and current.number == target.number:
             drift = _service_drift(paths, current, spec)  # known only now that it is built
         if (
@@ -263,6 +264,20 @@ def _reusable(host: Host, inp: ApplyInput) -> Found | None:
     if wheels is None:
         return None
     return find_reusable(paths, generation_hash(paths, inp, wheels))
+
+
+def _check_links(target: gens.Generation, spec: Spec) -> None:
+    """Refuse to switch to a generation whose files will not load (the link check over its
+    venv, cached per file: a reused generation costs a stat per file)."""
+    from envbuild import linkcheck
+
+    report = linkcheck.check_folder("/", str(target.venv), accept=spec.image.link_findings)
+    if report.findings:
+        raise LinkFindings(
+            f"generation {target.number}",
+            [f.line() for f in report.findings],
+            [f.id for f in report.findings],
+        )
 
 
 def _record_build(outcome: ApplyOutcome, realised: Realised) -> None:

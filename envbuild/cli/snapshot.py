@@ -119,6 +119,10 @@ def summary(snap: Snapshot) -> list[str]:
             lines.extend(f"  modified: {m.path} {who}" for m in dist.modified)
             lines.extend(f"  missing: {path} {who}" for path in dist.missing)
             lines.extend(f"  unrecorded: {path} {who}" for path in dist.unrecorded)
+        for f in [f for f in env.links or [] if f.loaded]:
+            what = ", ".join(f.demangled or f.missing[:5])
+            who = f.distribution or "no distribution"
+            lines.append(f"  will not load: {f.file} ({who}) needs {what} ({f.cause})")
     if snap.redacted:
         lines.append(f"redacted: {', '.join(snap.redacted)}")
     return lines

@@ -26,7 +26,14 @@ from envbuild.snapshot import (
     refs,
     systemd,
 )
-from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
+from envbuild.snapshot.model import (
+    SCHEMA_VERSION,
+    LinkFinding,
+    PythonEnv,
+    Snapshot,
+    load_snapshot,
+    parse_snapshot,
+)
 from envbuild.snapshot.redact import Redactor
 
 log = logging.getLogger("envbuild.snapshot")
@@ -54,6 +61,7 @@ class Options:
     models: bool = True
     cuda: bool = True
     nvml: gpu.Nvml | None = None  # None: the real NVML
+    links: bool = True  # run the link check over each environment
 
 
 def store_path() -> str:
@@ -74,6 +82,17 @@ def _taken_at() -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def link_findings(env: PythonEnv) -> PythonEnv:
+    """``env`` with what the link check finds in it (envbuild.linkcheck; cached per file)."""
+    from envbuild import linkcheck
+
+    log.info("checking the links of %s", env.requested)
+    report = linkcheck.check_folder("/", env.prefix)
+    found = [*report.findings, *report.optional]
+    links = [LinkFinding.model_validate(f.as_dict()) for f in found]
+    return env.model_copy(update={"links": links})
+
+
 def take_snapshot(opts: Options) -> Snapshot:
     redactor = Redactor()
     spec = refs.spec_ref(opts.spec) if opts.spec else None
@@ -84,7 +103,8 @@ def take_snapshot(opts: Options) -> Snapshot:
     envs = []
     for python in opts.pythons:
         log.info("checking %s (%s)", python, opts.integrity)
-        envs.append(patchinfo.record_patches(pyenv.scan_env(python, opts.integrity)))
+        env = patchinfo.record_patches(pyenv.scan_env(python, opts.integrity))
+        envs.append(link_findings(env) if opts.links else env)
     disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
     if opts.models:
         disks.append(("hf-cache", hf_path))

@@ -145,6 +145,23 @@ class PatchedDist(_Strict):
     patches: list[PatchFile] = Field(description="in the order they were applied")
 
 
+class LinkFinding(_Strict):
+    """A file of the environment that will not load (envbuild.linkcheck): a library it needs is
+    nowhere, or torch symbols it needs are not exported by the libraries it loads."""
+
+    id: str = Field(description="distribution:library or distribution:symbols")
+    kind: Literal["library", "symbols"]
+    distribution: str | None
+    file: str
+    missing: list[str] = Field(description="library names, or C++ mangled symbols")
+    demangled: list[str] = Field(default_factory=list, description="the first few, readable")
+    looked_in: list[str]
+    cause: str
+    loaded: bool = Field(
+        default=True, description="False: a plugin no import or program loads (noted only)"
+    )
+
+
 class PythonEnv(_Strict):
     requested: str = Field(description="the --python argument as given")
     executable: str
@@ -163,6 +180,10 @@ class PythonEnv(_Strict):
         default=None,
         description="distributions patched by envbuild, by name (None: not recorded, an older "
         "envbuild)",
+    )
+    links: list[LinkFinding] | None = Field(
+        default=None,
+        description="what the link check found (None: not checked, an older envbuild)",
     )
 
 

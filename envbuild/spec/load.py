@@ -73,8 +73,11 @@ class LoadedSpec:
 
     def spec_hash(self) -> str:
         """sha256 of the merged spec and the content of every file it names."""
+        spec = self.spec.model_dump(mode="json")
+        if not spec["image"]["link_findings"]:  # added later: a spec without any keeps its hash
+            del spec["image"]["link_findings"]
         payload = {
-            "spec": self.spec.model_dump(mode="json"),
+            "spec": spec,
             "patches": {
                 dist: [sha256_file(p) for p in paths] for dist, paths in self.patch_files().items()
             },

@@ -271,6 +271,12 @@ class Image(Strict):
     max_layers: Annotated[int, Field(ge=8, le=120)] = Field(
         60, description="layer budget of the image (Docker's limit is 125)"
     )
+    link_findings: dict[str, str] = Field(
+        default_factory=dict,
+        description="link-check findings accepted, by id (`dist:library` or `dist:symbols`), "
+        'each with the reason: `"numba:libtbb.so.12" = "optional TBB threading layer"`; '
+        "without an entry a finding fails build and apply",
+    )
 
 
 class Resolution(Strict):

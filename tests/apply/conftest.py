@@ -64,6 +64,35 @@ def fake_vllm_wheel(directory: Path, version: str) -> Path:
     )
 
 
+def vllm_that_will_not_load(directory: Path, work: Path) -> Path:
+    """The fake vllm 0.0.3 with an extension module that needs a library nobody has (built with
+    gcc here against a stub that is then left out): the link check's finding."""
+    stub = work / "stub" / "libgone.so.1"
+    stub.parent.mkdir(parents=True)
+    src = work / "gone.c"
+    src.write_text("int gone(void) { return 1; }\n")
+    cc = ["gcc", "-shared", "-fPIC"]
+    subprocess.run([*cc, "-Wl,-soname,libgone.so.1", "-o", str(stub), str(src)], check=True)
+    src.write_text("int gone(void); int PyInit__fast(void) { return gone(); }\n")
+    ext = work / "_fast.so"
+    subprocess.run(
+        [*cc, "-o", str(ext), str(src), f"-L{stub.parent}", "-l:libgone.so.1"], check=True
+    )
+    source = (CASES / "fake_vllm.py").read_text().replace("@VERSION@", "0.0.3")
+    return make_wheel(
+        directory,
+        "vllm",
+        "0.0.3",
+        {
+            "vllm/__init__.py": '__version__ = "0.0.3"\n',
+            "vllm/cli.py": source,
+            "vllm/_fast.cpython-311-x86_64-linux-gnu.so": ext.read_bytes(),
+        },
+        scripts={"vllm": "vllm.cli:main"},
+        requires=("tinydep>=1",),
+    )
+
+
 def published_with_a_wrong_record(directory: Path) -> Path:
     """A real-world oddity (seen in pynvvideocodec 2.0.4 on PyPI): a wheel whose file was changed
     after its RECORD was written, so the installed file never matches its RECORD line."""
@@ -86,6 +115,7 @@ def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         make_wheel(dist, "tinydep", "1.0", {"tinydep/__init__.py": "VALUE = 1\n"}),
         fake_vllm_wheel(dist, "0.0.1"),
         fake_vllm_wheel(dist, "0.0.2"),
+        vllm_that_will_not_load(dist, work / "cc"),
         published_with_a_wrong_record(dist),
         # NVIDIA's run-time compiler from a CUDA newer than the fake driver's (13.1)
         make_wheel(dist, "nvidia-nvjitlink", "13.5.37", {"nvidia/nvjitlink/__init__.py": ""}),

@@ -1,0 +1,185 @@
+"""The link check of an image before it exists: its wheels and its base's layers.
+
+A build never has the whole environment on disk at once (each layer is installed into its own
+staging root and packed), but every path a wheel installs is known from the wheel
+(:func:`envbuild.install.member_path`), and every path of the base from its layers' tar
+listings. So the check reads the wheels' ELF members — taken out into ``work`` only when the
+cache does not know them by their RECORD sha256 — and the names in the base's library folders.
+"""
+
+from __future__ import annotations
+
+import base64
+import posixpath
+import shutil
+import stat
+import tarfile
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild.errors import InputFileError
+from envbuild.install import VenvTarget, member_path
+from envbuild.layers import open_uncompressed
+from envbuild.linkcheck import SYSTEM_DIRS, Report, check_entries
+from envbuild.linkcheck.reader import Cache
+
+#: Listing a base layer stops after this many members (a bound on a hostile layer).
+MAX_MEMBERS = 2_000_000
+
+
+@dataclass(frozen=True)
+class Wheel:
+    dist: str
+    version: str
+    path: Path
+
+
+def _digest(record_hash: str) -> str | None:
+    """The hex sha256 of a RECORD hash field (``sha256=<urlsafe base64>``)."""
+    algo, _, value = record_hash.partition("=")
+    if algo != "sha256" or not value:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def _maybe_elf(name: str, mode: int) -> bool:
+    leaf = posixpath.basename(name)
+    return ".so" in leaf or bool(mode & 0o111 and not leaf.endswith(".py"))
+
+
+def _records(zf: zipfile.ZipFile) -> dict[str, str]:
+    import csv
+    import io
+
+    record = next(
+        (n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/RECORD")), None
+    )
+    if record is None:
+        return {}
+    rows = csv.reader(io.StringIO(zf.read(record).decode("utf-8", "replace")))
+    return {row[0]: row[1] for row in rows if len(row) > 1}
+
+
+def wheel_entries(
+    wheels: Iterable[Wheel],
+    target: VenvTarget,
+    work: Path,
+    cache: Cache,
+    leaves: Mapping[str, frozenset[str]] | None = None,
+) -> tuple[dict[str, tuple[str | None, str | None]], set[str], dict[str, tuple[str, str]]]:
+    """The entries for :func:`~envbuild.linkcheck.check_entries`: each wheel's members that may
+    be ELF, by their path in the image; the others' paths; and the owners. ``leaves`` are the
+    paths (relative to the venv) a distribution's layer leaves out (it lost an overlap)."""
+    entries: dict[str, tuple[str | None, str | None]] = {}
+    names: set[str] = set()
+    owners: dict[str, tuple[str, str]] = {}
+    venv = target.venv.rstrip("/")
+    for wheel in wheels:
+        try:
+            with zipfile.ZipFile(wheel.path) as zf:
+                hashes = _records(zf)
+                for info in zf.infolist():
+                    if info.is_dir():
+                        continue
+                    rel = member_path(info.filename, target)
+                    if rel is None or rel in (leaves or {}).get(wheel.dist, ()):
+                        continue
+                    env = posixpath.normpath(f"{venv}/{rel}")
+                    if not env.startswith(venv + "/"):
+                        continue  # a member that climbs out: install refuses it anyway
+                    owners[env] = (wheel.dist, wheel.version)
+                    mode = info.external_attr >> 16
+                    if not _maybe_elf(info.filename, mode) or stat.S_ISLNK(mode):
+                        names.add(env)
+                        continue
+                    digest = _digest(hashes.get(info.filename, ""))
+                    if digest is not None and cache.get(digest)[0]:
+                        entries[env] = (None, digest)
+                        continue
+                    here = work / env.lstrip("/")
+                    here.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(info) as src, here.open("wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                    entries[env] = (str(here), None)
+        except (OSError, zipfile.BadZipFile, KeyError) as exc:
+            raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+    return entries, names, owners
+
+
+def base_system(layers: Sequence[tuple[Path, str]]) -> tuple[list[str], frozenset[str]]:
+    """The library folders of a base made of ``layers`` (blob path, media type; lowest first)
+    and the paths in them, whiteouts applied; a folder that is a symlink (``/lib`` ->
+    ``usr/lib`` in a merged-/usr Debian) shows the target's entries under its own name too."""
+    present: set[str] = set()
+    links: dict[str, str] = {}
+    conf: list[str] = []
+    count = 0
+    for path, media_type in layers:
+        with open_uncompressed(path, media_type) as stream:
+            try:
+                with tarfile.open(fileobj=stream, mode="r|") as tf:
+                    for m in tf:
+                        count += 1
+                        if count > MAX_MEMBERS:
+                            raise InputFileError(path.name, "has too many members for a base layer")
+                        name = "/" + posixpath.normpath(m.name.lstrip("./") or ".").lstrip("/")
+                        leaf = posixpath.basename(name)
+                        parent = posixpath.dirname(name)
+                        if leaf == ".wh..wh..opq":  # an opaque folder: the lower layers' go
+                            present.difference_update(
+                                {p for p in present if p.startswith(parent + "/")}
+                            )
+                            continue
+                        if leaf.startswith(".wh."):
+                            gone = posixpath.join(parent, leaf[4:])
+                            present.discard(gone)
+                            present.difference_update(
+                                {p for p in present if p.startswith(gone + "/")}
+                            )
+                            continue
+                        if m.issym() and name.count("/") == 1:
+                            links[name] = posixpath.normpath(posixpath.join("/", m.linkname))
+                        if parent.startswith("/etc/ld.so.conf") and m.isfile() and m.size < 65536:
+                            f = tf.extractfile(m)
+                            if f is not None:
+                                conf += [
+                                    line.split("#", 1)[0].strip()
+                                    for line in f.read().decode("utf-8", "replace").splitlines()
+                                ]
+                        present.add(name)
+            except tarfile.TarError as exc:
+                raise InputFileError(path.name, f"is not a readable layer: {exc}") from None
+    for alias, real in links.items():
+        present.update(alias + p[len(real) :] for p in list(present) if p.startswith(real + "/"))
+    dirs = list(dict.fromkeys([*(c for c in conf if c.startswith("/")), *SYSTEM_DIRS]))
+    listing = frozenset(p for p in present if posixpath.dirname(p) in dirs)
+    return dirs, listing
+
+
+def check_image(
+    wheels: Sequence[Wheel],
+    base_layers: Sequence[tuple[Path, str]],
+    target: VenvTarget,
+    work: Path,
+    *,
+    cache: Cache,
+    torch: str | None = None,
+    leaves: Mapping[str, frozenset[str]] | None = None,
+) -> Report:
+    """The link check of the image the build makes (nothing accepted: the spec's rules apply
+    to the report)."""
+    entries, names, owners = wheel_entries(wheels, target, work, cache, leaves)
+    return check_entries(
+        entries,
+        names=frozenset(names),
+        owners=owners,
+        system=base_system(base_layers),
+        torch=torch,
+        cache=cache,
+    )
