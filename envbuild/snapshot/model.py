@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.errors import ManifestError, NewerFormat
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "envbuild.snapshot"
 
 
@@ -68,6 +68,59 @@ class GpuProcess(_Strict):
     unit: str | None = Field(description="the systemd unit owning the process (from its cgroup)")
 
 
+class GpuConfig(_Strict):
+    """What the GPU is and how it is set up: a change of any of these is drift. None: NVML
+    cannot tell on this GPU (or the snapshot is older than the fact)."""
+
+    serial: str | None = None
+    board_part_number: str | None = None
+    vbios_version: str | None = None
+    inforom_version: str | None = Field(default=None, description="the InfoROM image version")
+    compute_mode: str | None = Field(default=None, description="default, exclusive-process …")
+    ecc_pending: bool | None = Field(default=None, description="ECC mode after the next reset")
+    mig_pending: bool | None = Field(default=None, description="MIG mode after the next reset")
+    virtualization_mode: str | None = Field(default=None, description="none, pass-through, vgpu …")
+    power_limit_w: float | None = Field(default=None, description="the enforced power limit")
+    power_limit_default_w: float | None = None
+    power_limit_max_w: float | None = None
+    max_clocks_mhz: dict[str, int] = Field(default_factory=dict, description="graphics, sm, mem")
+    application_clocks_mhz: dict[str, int] = Field(
+        default_factory=dict, description="graphics, mem (set with nvidia-smi -ac)"
+    )
+    pcie_max_generation: int | None = Field(default=None, description="what GPU and slot can do")
+    pcie_max_width: int | None = None
+    pcie_width: int | None = Field(default=None, description="lanes the link trained at")
+    bar1_total_bytes: Bytes | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = Field(default=None, description="the CPUs near the GPU, as 0-15,32")
+    remapped_rows_pending: bool | None = Field(default=None, description="a reset is needed")
+    remapped_rows_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+
+
+class GpuState(_Strict):
+    """What changes on its own while the GPU runs: recorded, shown, never counted as drift."""
+
+    performance_state: str | None = Field(default=None, description="P0 (fastest) … P15")
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    utilization_gpu_percent: int | None = None
+    utilization_memory_percent: int | None = None
+    clocks_mhz: dict[str, int] = Field(default_factory=dict, description="graphics, sm, mem now")
+    clocks_event_reasons: list[str] = Field(
+        default_factory=list, description="why the clocks are below their maximum now"
+    )
+    pcie_generation: int | None = Field(default=None, description="drops while the GPU idles")
+    ecc_errors: dict[str, int] = Field(
+        default_factory=dict,
+        description="volatile_corrected, volatile_uncorrected, aggregate_corrected, "
+        "aggregate_uncorrected",
+    )
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    bar1_used_bytes: Bytes | None = None
+
+
 class Gpu(_Strict):
     index: int
     name: str
@@ -75,7 +128,16 @@ class Gpu(_Strict):
     pci_bus_id: str | None = None
     compute_capability: str = Field(description="major.minor, e.g. 9.0")
     memory_total_bytes: Bytes
-    memory_used_bytes: Bytes = Field(description="volatile")
+    memory_used_bytes: Bytes = Field(
+        description="volatile; without the driver's reservation (NVML v2), as nvidia-smi shows"
+    )
+    memory_reserved_bytes: Bytes | None = Field(
+        default=None,
+        description="held by the driver and firmware (NVML v2); None: only NVML v1, whose used "
+        "memory includes it",
+    )
+    config: GpuConfig = Field(default_factory=GpuConfig)
+    state: GpuState = Field(default_factory=GpuState)
     persistence_mode: bool | None = None
     ecc_enabled: bool | None = None
     mig_enabled: bool | None = None
@@ -257,7 +319,7 @@ class ImageRef(_Strict):
 
 
 class Snapshot(_Strict):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     kind: Literal["envbuild.snapshot"] = "envbuild.snapshot"
     generator: str = Field(description="envbuild version that took the snapshot")
     taken_at: str | None = Field(
@@ -279,8 +341,15 @@ class Snapshot(_Strict):
 
 REDACTED = "***"
 
-#: Converters from an older schema version to the next one. Version 1 is the first: none yet.
-CONVERTERS: dict[int, Any] = {}
+
+def _from_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 added facts (GPU configuration and state, reserved GPU memory, the digests of
+    drifted files); a version-1 manifest has none of them, which version 2 reads as unknown."""
+    return {**data, "schema_version": 2}
+
+
+#: Converters from an older schema version to the next one.
+CONVERTERS: dict[int, Any] = {1: _from_1}
 
 
 def schema() -> dict[str, Any]:

@@ -42,7 +42,7 @@ def test_snapshot_writes_a_canonical_manifest_and_a_summary(
     text = out.read_text()
     data = json.loads(text)
     assert text == json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    assert data["schema_version"] == 1 and data["kind"] == "envbuild.snapshot"
+    assert data["schema_version"] == 2 and data["kind"] == "envbuild.snapshot"
     assert [d["name"] for d in data["pythons"][0]["distributions"]] == ["alpha", "beta"]
     assert (
         "2 distributions, 0 modified, 0 missing, 0 unrecorded, 1 overlapping paths" in result.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.nvsmi import check_against_xml
 
 from envbuild.snapshot.gpu import GpuUnavailable, Nvml, PyNvml, read_gpus, unit_of_pid
 from envbuild.snapshot.model import GpuSection, load_snapshot
@@ -116,8 +117,8 @@ class TwoLinkedGpus(Nvml):
     def compute_capability(self, i: int) -> tuple[int, int]:
         return (9, 0)
 
-    def memory(self, i: int) -> tuple[int, int]:
-        return (143771 * MIB, 70 * 1024 * MIB if i else 0)
+    def memory(self, i: int) -> tuple[int, int, int | None]:
+        return (143771 * MIB, 70 * 1024 * MIB if i else 0, 616 * MIB)
 
     def processes(self, i: int) -> list[tuple[int, int | None]]:
         return [(self.pid, 70 * 1024 * MIB)] if i else []
@@ -213,7 +214,9 @@ def test_live_snapshot_agrees_with_live_nvidia_smi() -> None:
          "--format=csv"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    assert check_against_nvidia_smi(read_gpus(), xml_text, csv_text) >= 1
+    section = read_gpus()
+    assert check_against_nvidia_smi(section, xml_text, csv_text) >= 1
+    check_against_xml(section, xml_text)  # every fact, memory used and reserved included
 
 
 def topo_matrix(text: str) -> dict[tuple[int, int], str]:
