@@ -398,6 +398,31 @@ def _comm(pid: int, proc_root: Path) -> str | None:
         return None
 
 
+def gpu_warnings(section: GpuSection) -> list[str]:
+    """What a GPU operator must hear about even when nothing drifted: a PCIe link that trained
+    narrower than it can (a reseat, a riser, a bad slot), rows waiting to be remapped (the GPU
+    needs a reset), a failed remap or retired pages pending, and modes that change at reset."""
+    out = []
+    for g in section.gpus:
+        c, name = g.config, f"gpu{g.index}"
+        if c.pcie_width is not None and c.pcie_max_width and c.pcie_width < c.pcie_max_width:
+            out.append(
+                f"{name}: PCIe link trained at x{c.pcie_width}, below its maximum "
+                f"x{c.pcie_max_width}"
+            )
+        if c.remapped_rows_pending:
+            out.append(f"{name}: memory rows are waiting to be remapped: reset the GPU")
+        if c.remapped_rows_failure:
+            out.append(f"{name}: a memory row remapping failed: the GPU needs service")
+        if c.retired_pages_pending:
+            out.append(f"{name}: memory pages are waiting to be retired: reset the GPU")
+        for mode, now, pending in (("ECC", g.ecc_enabled, c.ecc_pending),
+                                   ("MIG", g.mig_enabled, c.mig_pending)):  # fmt: skip
+            if None not in (now, pending) and now != pending:
+                out.append(f"{name}: {mode} changes to {'on' if pending else 'off'} at reset")
+    return out
+
+
 def cuda_version_text(value: int) -> str:
     return f"{value // 1000}.{value % 1000 // 10}"
 

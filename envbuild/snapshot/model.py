@@ -165,10 +165,39 @@ class GpuSection(_Strict):
 
 
 class ModifiedFile(_Strict):
+    """A file that differs from its RECORD line: edited since the install, or shipped with a
+    RECORD that was already wrong. Both checks (full and quick) judge it the same way and record
+    its digest, so a second edit of a file that had already drifted is seen too."""
+
     path: str
-    reason: Literal["sha256", "size"]
+    reason: Literal["sha256", "size"] = Field(
+        description="size: the size differs (the digest too); sha256: same size, other bytes"
+    )
     expected_size: Bytes | None = None
     actual_size: Bytes
+    sha256: str | None = Field(
+        default=None, description="hex sha256 of the file on disk (None: an older snapshot)"
+    )
+    written_after_record: bool | None = Field(
+        default=None,
+        description="its mtime is later than the RECORD's: changed after the install (False: "
+        "the RECORD may have been wrong as shipped)",
+    )
+
+
+class AddedFile(_Strict):
+    """A file in site-packages that no RECORD lists."""
+
+    path: str
+    distribution: str | None = Field(
+        description="the distribution owning its folder (None: no single one)"
+    )
+    folder_owners: list[str] = Field(
+        default_factory=list,
+        description="when no single distribution owns it: the distributions sharing its folder",
+    )
+    size: Bytes
+    sha256: str | None = Field(description="hex sha256 (None: too big for a quick check)")
 
 
 class Distribution(_Strict):
@@ -220,6 +249,11 @@ class PythonEnv(_Strict):
     unowned: list[str] = Field(
         default_factory=list,
         description="site-packages files no RECORD lists and no distribution's folder holds",
+    )
+    added: list[AddedFile] | None = Field(
+        default=None,
+        description="every file no RECORD lists (unrecorded and unowned) with its size and "
+        "digest (None: an older snapshot)",
     )
     patches: dict[str, PatchedDist] | None = Field(
         default=None,

@@ -13,7 +13,7 @@ from snapshot.conftest import ALPHA_FILES, later, pip_install, site_packages
 Cli = Any
 
 MODEL_SIZE = len(ALPHA_FILES["alpha/models/llama.py"])
-EDITED = f"modified (sha256, {MODEL_SIZE} → {MODEL_SIZE + len('    print(h)' + chr(10))} B)"
+EDITED = f"differs from RECORD (size {MODEL_SIZE} → {MODEL_SIZE + len('    print(h)' + chr(10))} B)"
 
 #: What a test machine has that a snapshot would otherwise try (and take seconds on).
 SCOPE = ("--no-docker", "--no-systemd")
@@ -76,7 +76,7 @@ def test_the_edited_file_is_named_by_snapshot_diff_and_verify(
         verify = cli("verify", before, *quick)
         assert verify.exit_code == 1, verify.stderr
         assert verify.stdout.splitlines() == [
-            f"files changed since install ({venv}):",
+            f"files that differ from their RECORD ({venv}):",
             f"  alpha/models/llama.py (alpha): ∅ → {EDITED}",
         ]
     assert cli("verify", after).exit_code == 0
@@ -94,7 +94,7 @@ def test_deleted_added_and_upgraded(cli: Cli, venv: Path, wheelhouse: Path, tmp_
     assert diff.exit_code == 1
     lines = diff.stdout.splitlines()
     assert any(line.startswith("  alpha: 1.0 → 2.0, +") for line in lines), lines
-    assert "  alpha/models/mistral_debug.py (alpha): ∅ → added (not in RECORD)" in lines
+    assert "  alpha/models/mistral_debug.py (alpha): ∅ → added (not in its RECORD)" in lines
     assert "  beta/__init__.py (beta): ∅ → missing" in lines
     verify = cli("verify", before, "--json").json()
     assert verify["drift"] is True
@@ -121,8 +121,14 @@ def test_diff_of_two_venvs_on_different_paths_pairs_them(
     b = take(cli, venv, tmp_path / "b.json")
     diff = cli("diff", a, b)
     assert diff.exit_code == 1
-    assert "alpha/models/llama.py (alpha): ∅ → modified" in diff.stdout
-    assert "Python environments" not in diff.stdout
+    assert "alpha/models/llama.py (alpha): ∅ → differs from RECORD" in diff.stdout
+    assert "Python environments:" not in diff.stdout
+    # paired, and said so
+    assert (
+        f"note: the Python environments are at different paths: {base_venv} in {a}, {venv} in "
+        f"{b}; compared with each other"
+    ) in diff.stdout.splitlines()
+    assert cli("diff", a, b, "--json").json()["notes"] == [diff.stdout.splitlines()[-1][6:]]
 
 
 @pytest.mark.parametrize("extra", [(), ("--json",)])

@@ -36,7 +36,7 @@ def test_driver_package_and_file_changes_are_grouped(cli: Any, tmp_path: Path) -
         torch = torch_of(data)
         torch["version"] = "2.12.0"
         torch["size_bytes"] += 3 * 2**20
-        torch["modified"] = [{"path": "torch/nn/functional.py", "reason": "sha256",
+        torch["modified"] = [{"path": "torch/nn/functional.py", "reason": "size",
                               "expected_size": 100, "actual_size": 120}]  # fmt: skip
 
     b = edited(tmp_path, "b.json", change)
@@ -49,10 +49,10 @@ def test_driver_package_and_file_changes_are_grouped(cli: Any, tmp_path: Path) -
     assert f"  driver: {driver} → 580.200.01" in lines
     assert "  CUDA driver API: 13.0 → 13.1" in lines
     assert f"  torch: {torch_of(old)['version']} → 2.12.0, +3.0 MiB" in lines
-    assert "  torch/nn/functional.py (torch): ∅ → modified (sha256, 100 → 120 B)" in lines
+    assert "  torch/nn/functional.py (torch): ∅ → differs from RECORD (size 100 → 120 B)" in lines
     data = cli("diff", FIXTURE, b, "--json").json()
     assert [g["title"].split(" (")[0] for g in data["groups"]] == [
-        "driver, CUDA and GPUs", "packages", "files changed since install"
+        "driver, CUDA and GPUs", "packages", "files that differ from their RECORD"
     ]  # fmt: skip
 
 
