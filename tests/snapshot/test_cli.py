@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -230,3 +231,32 @@ def test_a_distribution_without_record_is_said_to_be_unchecked(
     assert "  no RECORD: beta-1.0.dist-info (beta 1.0): its files cannot be checked" in (
         result.stdout.splitlines()
     )
+
+
+def test_stray_files_are_named_with_the_distributions_sharing_their_folder(
+    cli: Cli, venv: Path, tmp_path: Path
+) -> None:
+    before = take(cli, venv, tmp_path / "before.json")
+    sp = site_packages(venv)
+    (sp / "shared" / "stray.py").write_text("x = 1\n")  # shared/ belongs to alpha and beta
+    (sp / "loose.py").write_text("y = 2\n")  # site-packages itself: nobody's folder
+    shown = cli("snapshot", "--python", venv, "--no-models", *SCOPE, "-o", tmp_path / "x.json")
+    assert "2 unrecorded" in shown.stdout
+    lines = shown.stdout.splitlines()
+    assert "  unrecorded: shared/stray.py (a folder of alpha & beta)" in lines
+    assert "  unrecorded: loose.py (no distribution)" in lines
+    verify = cli("verify", before)
+    assert verify.exit_code == 1
+    assert "  shared/stray.py (a folder of alpha & beta): ∅ → added (in no RECORD)" in (
+        verify.stdout.splitlines()
+    )
+    assert "  loose.py (no distribution): ∅ → added (in no RECORD)" in verify.stdout.splitlines()
+    data = cli("verify", before, "--json").json()
+    [files] = [g for g in data["groups"] if g["key"].startswith("files ")]
+    stray = next(c for c in files["changes"] if c["item"]["path"] == "shared/stray.py")
+    assert stray["item"]["folder_owners"] == ["alpha", "beta"]
+    assert stray["item"]["distribution"] is None
+    assert stray["before_fields"] is None
+    assert stray["after_fields"] == {
+        "status": "added", "size": 6, "sha256": hashlib.sha256(b"x = 1\n").hexdigest()
+    }  # fmt: skip
