@@ -339,6 +339,10 @@ def _yes(value: bool | None) -> str | None:
 def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
     pk, pt = f"packages {key}", f"packages ({env.requested})"
     side.put(pk, pt, "python", Fact(f"{env.implementation} {env.version}"))
+    if env.torch_build is not None:
+        t = env.torch_build
+        text = f"torch {t.version}, CUDA {t.cuda or 'none'}" + (f", HIP {t.hip}" if t.hip else "")
+        side.put(pk, pt, "torch build", Fact(text, detail=t.git_version))
     for d in env.distributions:
         side.put(
             pk,
@@ -601,7 +605,8 @@ def compare(a: Side, b: Side) -> DiffResult:
             if missing.kind == "build manifest" or key == "state":
                 skipped.setdefault(f"{missing.label} ({missing.kind}) has none", []).append(title)
             elif key.startswith("packages "):
-                shown = f"{facts['python'].text}, {len(facts) - 1} distributions"
+                dists = len(set(facts) - {"python", "torch build"})
+                shown = f"{facts['python'].text}, {dists} distributions"
                 env = key.removeprefix("packages ")
                 before, after = (None, shown) if missing is a else (shown, None)
                 envs.changes.append(Change(env, before, after))
@@ -627,11 +632,13 @@ def compare(a: Side, b: Side) -> DiffResult:
                 else:
                     before, after = fa.detail, fb.detail
             elif (
-                subject == "python"
+                subject in ("python", "torch build")
                 and key.startswith("packages ")
                 and "build manifest" in (a.kind, b.kind)
             ):
-                continue  # a build manifest that does not say its Python
+                continue  # a build manifest that does not say its Python or torch build
+            elif subject == "torch build" and None in (fa, fb) and key.startswith("packages "):
+                continue  # an older snapshot did not record it: unknown, not changed
             else:
                 before = fa.text if fa else None
                 after = fb.text if fb else None

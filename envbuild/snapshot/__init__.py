@@ -25,6 +25,7 @@ from envbuild.snapshot import (
     records,
     refs,
     systemd,
+    torchinfo,
 )
 from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
 from envbuild.snapshot.redact import Redactor
@@ -84,7 +85,8 @@ def take_snapshot(opts: Options) -> Snapshot:
     envs = []
     for python in opts.pythons:
         log.info("checking %s (%s)", python, opts.integrity)
-        envs.append(patchinfo.record_patches(pyenv.scan_env(python, opts.integrity)))
+        env = patchinfo.record_patches(pyenv.scan_env(python, opts.integrity))
+        envs.append(torchinfo.record_torch_build(env))
     disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
     if opts.models:
         disks.append(("hf-cache", hf_path))

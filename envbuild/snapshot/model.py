@@ -236,6 +236,16 @@ class PatchedDist(_Strict):
     patches: list[PatchFile] = Field(description="in the order they were applied")
 
 
+class TorchBuild(_Strict):
+    """What torch/version.py of the installed torch says (torch.__version__, torch.version.*)."""
+
+    version: str = Field(description="torch.__version__, with its local part: 2.11.0+cu130")
+    cuda: str | None = Field(default=None, description="the CUDA torch was built with: 13.0")
+    hip: str | None = None
+    git_version: str | None = None
+    debug: bool = False
+
+
 class PythonEnv(_Strict):
     requested: str = Field(description="the --python argument as given")
     executable: str
@@ -254,6 +264,9 @@ class PythonEnv(_Strict):
         default=None,
         description="every file no RECORD lists (unrecorded and unowned) with its size and "
         "digest (None: an older snapshot)",
+    )
+    torch_build: TorchBuild | None = Field(
+        default=None, description="how the installed torch was built (None: no torch)"
     )
     patches: dict[str, PatchedDist] | None = Field(
         default=None,

@@ -93,12 +93,20 @@ def take(venv: Path, mode: str) -> Any:
 def named(
     lines: list[str], before: dict[str, bytes | None], after: dict[str, bytes | None]
 ) -> None:
+    """Each changed file is named, but one whose edit a rewritten RECORD now matches: the
+    snapshot holds the RECORD's digest, not its lines, so that edit is named as alpha's RECORD
+    changing."""
     text = "\n".join(lines)
+    rerecorded = before["RECORD"] != after["RECORD"]
+    if rerecorded:
+        assert any(line.startswith("  alpha: ") and "RECORD" in line for line in lines), text
     for target in TARGETS:
-        if before[target] != after[target]:
+        if before[target] != after[target] and not (rerecorded and _alphas(target)):
             assert target in text, (target, text)
-    if before["RECORD"] != after["RECORD"]:
-        assert any(line.startswith("  alpha: ") for line in lines), text
+
+
+def _alphas(target: str) -> bool:
+    return target.startswith("alpha/") or target == "shared/common.py"
 
 
 @settings(
