@@ -196,6 +196,11 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
     side.group("cuda", "CUDA toolkits")
     for t in snap.cuda_toolkits:
         side.put("cuda", "CUDA toolkits", t.path, Fact(t.version, detail=t.build))
+    if snap.cuda_libraries is not None:  # None: an older snapshot, not compared
+        side.group("cuda libraries", "CUDA libraries (system)")
+        for lib in snap.cuda_libraries:
+            side.put("cuda libraries", "CUDA libraries (system)", lib.path,
+                     Fact(f"{lib.name} {lib.version}"))  # fmt: skip
     if snap.docker is not None:
         side.group("containers", "containers")
         if not snap.docker.available:

@@ -99,6 +99,7 @@ def take_snapshot(opts: Options) -> Snapshot:
         gpu=gpu.read_gpus(opts.nvml),
         pythons=envs,
         cuda_toolkits=cuda.read_toolkits() if opts.cuda else [],
+        cuda_libraries=cuda.read_libraries() if opts.cuda else None,
         docker=docker.read_docker(redactor) if opts.docker else None,
         systemd=systemd.read_units(opts.services, redactor) if opts.systemd else None,
         hf_cache=(

@@ -284,6 +284,12 @@ class CudaToolkit(_Strict):
     build: str | None = None
 
 
+class CudaLibrary(_Strict):
+    name: str = Field(description="libcudnn, libcudnn_ops …")
+    version: str = Field(description="from the file name: 9.14.0")
+    path: str
+
+
 class Skipped(_Strict):
     available: bool
     reason: str | None = None
@@ -376,6 +382,9 @@ class Snapshot(_Strict):
     gpu: GpuSection
     pythons: list[PythonEnv] = Field(default_factory=list)
     cuda_toolkits: list[CudaToolkit] = Field(default_factory=list)
+    cuda_libraries: list[CudaLibrary] | None = Field(
+        default=None, description="system-wide cuDNN (None: not looked at, an older snapshot)"
+    )
     docker: DockerSection | None = None
     systemd: SystemdSection | None = None
     hf_cache: HfCacheSection | None = None
