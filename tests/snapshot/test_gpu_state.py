@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from support.recordednvml import h200
 
 from envbuild.snapshot import gpu
@@ -173,14 +175,31 @@ def test_a_snapshot_from_before_the_gpu_configuration_is_not_drift(
     assert cli("diff", old, new).exit_code == 0
 
 
-def test_host_memory_is_state(cli: Any, machine: Any, tmp_path: Path) -> None:
+def test_host_memory_and_free_disk_are_state(cli: Any, machine: Any, tmp_path: Path) -> None:
     """On some VMs the memory the kernel reports grows as it is used."""
     machine("idle")
     a = snap(cli, tmp_path / "a.json")
     data = json.loads(a.read_text())
     data["host"]["memory_total_bytes"] += 8 << 30
+    for disk in data["host"]["disks"]:
+        disk["free_bytes"] -= 200 << 20  # 44.8 GiB → 44.6 GiB between two snapshots
     b = tmp_path / "b.json"
     b.write_text(json.dumps(data))
     result = cli("diff", a, b)
     assert result.exit_code == 0
     assert any(line.startswith("  host memory: ") for line in result.stdout.splitlines())
+    assert any(line.startswith("  free disk root /: ") for line in result.stdout.splitlines())
+
+
+@given(cpus=st.sets(st.integers(0, 1023), max_size=64))
+def test_cpu_lists_round_trip(cpus: set[int]) -> None:
+    text = gpu.cpu_list(list(cpus))
+    back: set[int] = set()
+    for part in filter(None, text.split(",")):
+        a, _, b = part.partition("-")
+        back |= set(range(int(a), int(b or a) + 1))
+    assert back == cpus
+    words = [0] * 16
+    for cpu in cpus:
+        words[cpu // 64] |= 1 << (cpu % 64)
+    assert gpu._cpu_list(words) == (text or None)
