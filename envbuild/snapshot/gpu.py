@@ -231,49 +231,49 @@ class PyNvml(Nvml):
         return "unknown"
 
     def config(self, i: int) -> GpuConfig:
-        nv, h, opt = self._nv, self._h(i), self._optional
-        ecc = opt(nv.nvmlDeviceGetEccMode, h)
-        mig = opt(nv.nvmlDeviceGetMigMode, h)
-        limits = opt(nv.nvmlDeviceGetPowerManagementLimitConstraints, h)
-        remap = opt(nv.nvmlDeviceGetRemappedRows, h)
-        bar1 = opt(nv.nvmlDeviceGetBAR1MemoryInfo, h)
-        retired = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        nv, h, opt = self._nv, self._h(i), self._ask
+        ecc = opt("nvmlDeviceGetEccMode", h)
+        mig = opt("nvmlDeviceGetMigMode", h)
+        limits = opt("nvmlDeviceGetPowerManagementLimitConstraints", h)
+        remap = opt("nvmlDeviceGetRemappedRows", h)
+        bar1 = opt("nvmlDeviceGetBAR1MemoryInfo", h)
+        retired = opt("nvmlDeviceGetRetiredPagesPendingStatus", h)
         return GpuConfig(
-            serial=_opt_text(opt(nv.nvmlDeviceGetSerial, h)),
-            board_part_number=_opt_text(opt(nv.nvmlDeviceGetBoardPartNumber, h)),
-            vbios_version=_opt_text(opt(nv.nvmlDeviceGetVbiosVersion, h)),
-            inforom_version=_opt_text(opt(nv.nvmlDeviceGetInforomImageVersion, h)),
-            compute_mode=_named(opt(nv.nvmlDeviceGetComputeMode, h), COMPUTE_MODES),
+            serial=_opt_text(opt("nvmlDeviceGetSerial", h)),
+            board_part_number=_opt_text(opt("nvmlDeviceGetBoardPartNumber", h)),
+            vbios_version=_opt_text(opt("nvmlDeviceGetVbiosVersion", h)),
+            inforom_version=_opt_text(opt("nvmlDeviceGetInforomImageVersion", h)),
+            compute_mode=_named(opt("nvmlDeviceGetComputeMode", h), COMPUTE_MODES),
             ecc_pending=None if ecc is None else ecc[1] == nv.NVML_FEATURE_ENABLED,
             mig_pending=None if mig is None else mig[1] == nv.NVML_FEATURE_ENABLED,
             virtualization_mode=_named(
-                opt(nv.nvmlDeviceGetVirtualizationMode, h), VIRTUALIZATION_MODES
+                opt("nvmlDeviceGetVirtualizationMode", h), VIRTUALIZATION_MODES
             ),
-            power_limit_w=_watts(opt(nv.nvmlDeviceGetEnforcedPowerLimit, h)),
-            power_limit_default_w=_watts(opt(nv.nvmlDeviceGetPowerManagementDefaultLimit, h)),
+            power_limit_w=_watts(opt("nvmlDeviceGetEnforcedPowerLimit", h)),
+            power_limit_default_w=_watts(opt("nvmlDeviceGetPowerManagementDefaultLimit", h)),
             power_limit_max_w=None if limits is None else _watts(limits[1]),
-            max_clocks_mhz=self._clocks(nv.nvmlDeviceGetMaxClockInfo, h, ("graphics", "sm", "mem")),
+            max_clocks_mhz=self._clocks("nvmlDeviceGetMaxClockInfo", h, ("graphics", "sm", "mem")),
             application_clocks_mhz=self._clocks(
-                nv.nvmlDeviceGetApplicationsClock, h, ("graphics", "mem")
+                "nvmlDeviceGetApplicationsClock", h, ("graphics", "mem")
             ),
-            pcie_max_generation=opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-            pcie_max_width=opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
-            pcie_width=opt(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+            pcie_max_generation=opt("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_max_width=opt("nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_width=opt("nvmlDeviceGetCurrPcieLinkWidth", h),
             bar1_total_bytes=None if bar1 is None else int(bar1.bar1Total),
-            numa_node=_numa(opt(nv.nvmlDeviceGetNumaNodeId, h)),
-            cpu_affinity=_cpu_list(opt(nv.nvmlDeviceGetCpuAffinity, h, _AFFINITY_WORDS)),
+            numa_node=_numa(opt("nvmlDeviceGetNumaNodeId", h)),
+            cpu_affinity=_cpu_list(opt("nvmlDeviceGetCpuAffinity", h, _AFFINITY_WORDS)),
             remapped_rows_pending=None if remap is None else bool(remap[2]),
             remapped_rows_failure=None if remap is None else bool(remap[3]),
             retired_pages_pending=None if retired is None else bool(retired),
         )
 
     def state(self, i: int) -> GpuState:
-        nv, h, opt = self._nv, self._h(i), self._optional
-        pstate = opt(nv.nvmlDeviceGetPerformanceState, h)
-        util = opt(nv.nvmlDeviceGetUtilizationRates, h)
-        remap = opt(nv.nvmlDeviceGetRemappedRows, h)
-        bar1 = opt(nv.nvmlDeviceGetBAR1MemoryInfo, h)
-        reasons = opt(nv.nvmlDeviceGetCurrentClocksEventReasons, h)
+        nv, h, opt = self._nv, self._h(i), self._ask
+        pstate = opt("nvmlDeviceGetPerformanceState", h)
+        util = opt("nvmlDeviceGetUtilizationRates", h)
+        remap = opt("nvmlDeviceGetRemappedRows", h)
+        bar1 = opt("nvmlDeviceGetBAR1MemoryInfo", h)
+        reasons = opt("nvmlDeviceGetCurrentClocksEventReasons", h)
         errors = {}
         counters = {"volatile": nv.NVML_VOLATILE_ECC, "aggregate": nv.NVML_AGGREGATE_ECC}
         kinds = {
@@ -282,30 +282,39 @@ class PyNvml(Nvml):
         }
         for counter_name, counter in counters.items():
             for kind_name, kind in kinds.items():
-                count = opt(nv.nvmlDeviceGetTotalEccErrors, h, kind, counter)
+                count = opt("nvmlDeviceGetTotalEccErrors", h, kind, counter)
                 if count is not None:
                     errors[f"{counter_name}_{kind_name}"] = int(count)
         return GpuState(
             performance_state=None if pstate is None or pstate > 15 else f"P{pstate}",
-            temperature_c=opt(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-            power_draw_w=_watts(opt(nv.nvmlDeviceGetPowerUsage, h)),
+            temperature_c=opt("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
+            power_draw_w=_watts(opt("nvmlDeviceGetPowerUsage", h)),
             utilization_gpu_percent=None if util is None else int(util.gpu),
             utilization_memory_percent=None if util is None else int(util.memory),
-            clocks_mhz=self._clocks(nv.nvmlDeviceGetClockInfo, h, ("graphics", "sm", "mem")),
+            clocks_mhz=self._clocks("nvmlDeviceGetClockInfo", h, ("graphics", "sm", "mem")),
             clocks_event_reasons=_reasons(reasons),
-            pcie_generation=opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+            pcie_generation=opt("nvmlDeviceGetCurrPcieLinkGeneration", h),
             ecc_errors=errors,
             remapped_rows_correctable=None if remap is None else int(remap[0]),
             remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
             bar1_used_bytes=None if bar1 is None else int(bar1.bar1Used),
         )
 
-    def _clocks(self, getter: Any, h: Any, names: tuple[str, ...]) -> dict[str, int]:
+    def _ask(self, function: str, *args: Any) -> Any:
+        """NVML's ``function`` of ``args``, or None where the GPU does not support it or the
+        installed nvidia-ml-py does not have it (an older one)."""
+        fn = getattr(self._nv, function, None)
+        if fn is None:
+            log.debug("NVML: nvidia-ml-py has no %s", function)
+            return None
+        return self._optional(fn, *args)
+
+    def _clocks(self, getter: str, h: Any, names: tuple[str, ...]) -> dict[str, int]:
         ids = {"graphics": self._nv.NVML_CLOCK_GRAPHICS, "sm": self._nv.NVML_CLOCK_SM,
                "mem": self._nv.NVML_CLOCK_MEM}  # fmt: skip
         out = {}
         for name in names:
-            value = self._optional(getter, h, ids[name])
+            value = self._ask(getter, h, ids[name])
             if value is not None:
                 out[name] = int(value)
         return out
