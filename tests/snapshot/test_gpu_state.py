@@ -203,3 +203,16 @@ def test_cpu_lists_round_trip(cpus: set[int]) -> None:
     for cpu in cpus:
         words[cpu // 64] |= 1 << (cpu % 64)
     assert gpu._cpu_list(words) == (text or None)
+
+
+def test_snapshot_json_keeps_stderr_quiet_and_v_brings_progress_back(
+    cli: Any, machine: Any, tmp_path: Path
+) -> None:
+    machine("held")
+    quiet = cli("snapshot", *SCOPE, "--json")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert quiet.json()["gpu"]["gpus"][0]["memory_reserved_bytes"] == 644939776
+    loud = cli("-v", "snapshot", *SCOPE, "--json")
+    assert "reading host and GPUs" in loud.stderr
+    plain = cli("snapshot", *SCOPE, "-o", tmp_path / "s.json")
+    assert "reading host and GPUs" in plain.stderr  # progress stays where no JSON is asked for
