@@ -293,7 +293,8 @@ def _gpu_config_facts(side: Side, card: Gpu) -> None:
     }
     for subject, text in texts.items():
         if text is not None:
-            side.put(*GPU_CONFIG, f"gpu{card.index} {subject}", Fact(text))
+            item = {"kind": "gpu setting", "gpu": card.index, "uuid": card.uuid, "name": subject}
+            side.put(*GPU_CONFIG, f"gpu{card.index} {subject}", Fact(text, item=item))
 
 
 def _gpu_state_texts(card: Gpu) -> list[tuple[str, str]]:
@@ -357,6 +358,13 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
                 d.version,
                 size=d.size_bytes,
                 detail=f"installer {d.installer}, RECORD {(d.record_sha256 or 'none')[:12]}",
+                item={"kind": "package", "environment": key, "name": d.name},
+                data={
+                    "version": d.version,
+                    "size": d.size_bytes,
+                    "installer": d.installer,
+                    "record_sha256": d.record_sha256,
+                },
             ),
         )
     fk, ft = f"files {key}", f"files that differ from their RECORD ({env.requested})"

@@ -121,6 +121,11 @@ def test_a_gpu_configuration_change_is_drift(
     assert result.exit_code == 1
     assert "GPU configuration:" in result.stdout.splitlines()
     assert line in result.stdout.splitlines()
+    [group] = [g for g in cli("verify", recorded, "--json").json()["groups"]
+               if g["key"] == "gpu config"]  # fmt: skip
+    [change] = group["changes"]
+    assert change["item"]["kind"] == "gpu setting" and change["item"]["gpu"] == 0
+    assert change["item"]["uuid"].startswith("GPU-")
 
 
 def test_verify_warns_about_a_narrow_pcie_link_and_pending_remaps(

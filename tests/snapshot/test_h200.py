@@ -57,6 +57,13 @@ def test_driver_package_and_file_changes_are_grouped(cli: Any, tmp_path: Path) -
     assert f"  torch: {torch_of(old)['version']} → 2.12.0, +3.0 MiB" in lines
     assert "  torch/nn/functional.py (torch): ∅ → differs from RECORD (size 100 → 120 B)" in lines
     data = cli("diff", FIXTURE, b, "--json").json()
+    [torch_change] = [c for g in data["groups"] if g["key"].startswith("packages ")
+                      for c in g["changes"] if c["subject"] == "torch"]  # fmt: skip
+    assert torch_change["item"] == {"kind": "package", "environment": "/opt/torch/.venv",
+                                    "name": "torch"}  # fmt: skip
+    assert torch_change["before_fields"]["version"] == torch_of(old)["version"]
+    assert torch_change["after_fields"]["version"] == "2.12.0"
+    assert torch_change["delta_bytes"] == 3 * 2**20
     assert [g["title"].split(" (")[0] for g in data["groups"]] == [
         "driver, CUDA and GPUs", "packages", "files that differ from their RECORD"
     ]  # fmt: skip
