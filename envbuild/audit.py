@@ -29,12 +29,14 @@ LTO-IR (``code=lto_90``) is listed but never counts: the driver does not JIT it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
 import re
 import struct
 import tempfile
+import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -236,9 +238,24 @@ class ObjectAudit(_Model):
                 return f"{name} PTX (JIT)"
         return None
 
-    def missing(self, ccs: Iterable[str]) -> list[str]:
-        """The compute capabilities among ``ccs`` this file's kernels cannot run on."""
+    @property
+    def code_elsewhere(self) -> str | None:
+        """Why this file's fatbin does not tell where its kernels run (they live outside it,
+        :data:`DEVICE_CODE_FACTS`), or None when the fatbin is the whole story."""
+        return outside_fatbin(self.path)
+
+    def verdict(self, cc: str) -> Literal["runs", "cannot run", "unknown", "no GPU code"]:
+        """Whether this file's kernels run on compute capability ``cc``."""
+        if self.code_elsewhere is not None:
+            return "unknown"
         if not self.has_device_code:
+            return "no GPU code"
+        return "runs" if self.runs_on(cc) is not None else "cannot run"
+
+    def missing(self, ccs: Iterable[str]) -> list[str]:
+        """The compute capabilities among ``ccs`` this file's kernels cannot run on (none for a
+        file whose kernels live outside its fatbin: unknown is not "cannot run")."""
+        if not self.has_device_code or self.code_elsewhere is not None:
             return []
         return sorted({cc for cc in ccs if self.runs_on(cc) is None}, key=Arch.parse)
 
@@ -262,12 +279,35 @@ class Audit(_Model):
         wanted = list(ccs)
         return {f.path: gone for f in self.files if (gone := f.missing(wanted))}
 
+    def unknown(self) -> dict[str, str]:
+        """``{file: why}`` for the files whose kernels the fatbin cannot account for."""
+        return {f.path: why for f in self.files if (why := f.code_elsewhere) is not None}
+
     def summary(self) -> str:
         gpu = [f for f in self.files if f.has_device_code]
         return (
             f"{len(self.files)} compiled file(s), {len(gpu)} with GPU code; "
             f"SASS {', '.join(self.sass) or 'none'}; PTX {', '.join(self.ptx) or 'none'}"
         )
+
+
+DEVICE_CODE_FACTS = Path(__file__).resolve().parent / "device_code.toml"
+
+
+@functools.cache
+def _outside_fatbin() -> list[tuple[re.Pattern[str], str]]:
+    data = tomllib.loads(DEVICE_CODE_FACTS.read_text(encoding="utf-8"))
+    entries = data["outside_fatbin"]
+    return [(re.compile(e["name"]), f"{e['library']}: {e['reason']}") for e in entries]
+
+
+def outside_fatbin(path: str) -> str | None:
+    """Why the kernels of the file at ``path`` may live outside its fatbin, or None."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    for pattern, why in _outside_fatbin():
+        if pattern.search(name):
+            return why
+    return None
 
 
 def _union(lists: Iterable[list[str]]) -> list[str]:

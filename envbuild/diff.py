@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import ManifestError
-from envbuild.snapshot.model import KIND, PythonEnv, Snapshot, parse_snapshot, read_json
+from envbuild.snapshot.model import (
+    KIND,
+    AddedFile,
+    Gpu,
+    PythonEnv,
+    Snapshot,
+    parse_snapshot,
+    read_json,
+)
 from envbuild.snapshot.refs import check_build_manifest
 
 ABSENT = "∅"
@@ -26,6 +34,9 @@ class Fact:
     text: str
     size: int | None = None
     detail: str | None = None  # compared too, shown when the text is the same
+    digest: str | None = None  # compared when both sides know it (a quick check may not)
+    item: dict[str, Any] | None = field(default=None, compare=False)  # what it is, as fields
+    data: dict[str, Any] | None = field(default=None, compare=False)  # its state, as fields
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,9 @@ class Change:
     before: str | None
     after: str | None
     delta_bytes: int | None = None
+    item: dict[str, Any] | None = None  # e.g. kind, environment, path, distribution
+    before_fields: dict[str, Any] | None = None  # e.g. status, sizes, sha256 on side a
+    after_fields: dict[str, Any] | None = None
 
 
 @dataclass
@@ -50,6 +64,7 @@ class DiffResult:
     b: str
     groups: list[Group]
     not_compared: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the sides were paired, …
 
     @property
     def different(self) -> bool:
@@ -62,6 +77,7 @@ class DiffResult:
             "different": self.different,
             "groups": [asdict(g) for g in self.groups if g.changes],
             "not_compared": self.not_compared,
+            "notes": self.notes,
         }
 
 
@@ -89,6 +105,11 @@ def _size(n: int) -> str:
     raise AssertionError  # pragma: no cover
 
 
+def size_text(n: int) -> str:
+    """Bytes as people read them (1.5 GiB), as every diff line shows them."""
+    return _size(n)
+
+
 def _count(value: int | None) -> str:
     return "n/a" if value is None else str(value)
 
@@ -112,8 +133,9 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
     side.put(*host, "kernel", Fact(h.kernel))
     side.put(*host, "arch", Fact(h.arch))
     side.put(*host, "cpu", Fact(f"{h.cpu_model or '?'}, {h.logical_cpus} logical CPUs"))
-    side.put(*host, "memory", Fact(_size(h.memory_total_bytes)))
     state = ("state", "state (volatile: shown, not counted)")
+    # on some VMs the memory the kernel sees grows as it is used: state, not drift
+    side.put(*state, "host memory", Fact(_size(h.memory_total_bytes)), counts=False)
     side.put(*state, "hostname", Fact(h.hostname), counts=False)
     for d in h.disks:
         side.put(*state, f"free disk {d.role} {d.path}", Fact(_size(d.free_bytes)), counts=False)
@@ -141,12 +163,22 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
                 f"MIG {_flag(card.mig_enabled)}, NVLinks {_count(card.nvlinks_active)}"
             ),
         )
+        _gpu_config_facts(side, card)
         side.put(
             *state,
             f"gpu{card.index} memory used",
             Fact(_size(card.memory_used_bytes)),
             counts=False,
         )
+        if card.memory_reserved_bytes is not None:
+            side.put(
+                *state,
+                f"gpu{card.index} memory reserved by the driver",
+                Fact(_size(card.memory_reserved_bytes)),
+                counts=False,
+            )
+        for subject, text in _gpu_state_texts(card):
+            side.put(*state, f"gpu{card.index} {subject}", Fact(text), counts=False)
         for p in card.processes:
             mem = _size(p.used_memory_bytes) if p.used_memory_bytes is not None else "?"
             side.put(
@@ -164,6 +196,11 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
     side.group("cuda", "CUDA toolkits")
     for t in snap.cuda_toolkits:
         side.put("cuda", "CUDA toolkits", t.path, Fact(t.version, detail=t.build))
+    if snap.cuda_libraries is not None:  # None: an older snapshot, not compared
+        side.group("cuda libraries", "CUDA libraries (system)")
+        for lib in snap.cuda_libraries:
+            side.put("cuda libraries", "CUDA libraries (system)", lib.path,
+                     Fact(f"{lib.name} {lib.version}"))  # fmt: skip
     if snap.docker is not None:
         side.group("containers", "containers")
         if not snap.docker.available:
@@ -221,9 +258,97 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
     return side
 
 
+GPU_CONFIG = ("gpu config", "GPU configuration")
+
+
+def _gpu_config_facts(side: Side, card: Gpu) -> None:
+    """One fact per configuration field NVML answered. A field one side does not have (an older
+    snapshot, a GPU that does not support it) is unknown there, not changed."""
+    c = card.config
+    texts: dict[str, str | None] = {
+        "serial": c.serial,
+        "board part number": c.board_part_number,
+        "VBIOS": c.vbios_version,
+        "InfoROM": c.inforom_version,
+        "compute mode": c.compute_mode,
+        "ECC pending": None if c.ecc_pending is None else _flag(c.ecc_pending),
+        "MIG pending": None if c.mig_pending is None else _flag(c.mig_pending),
+        "virtualization": c.virtualization_mode,
+        "power limit": _watts(c.power_limit_w),
+        "power limit default/max": (
+            None
+            if c.power_limit_default_w is None
+            else f"{_watts(c.power_limit_default_w)} / {_watts(c.power_limit_max_w)}"
+        ),
+        "max clocks": _clocks(c.max_clocks_mhz),
+        "application clocks": _clocks(c.application_clocks_mhz),
+        "PCIe max": _pcie(c.pcie_max_generation, c.pcie_max_width),
+        "PCIe width": None if c.pcie_width is None else f"x{c.pcie_width}",
+        "BAR1": None if c.bar1_total_bytes is None else _size(c.bar1_total_bytes),
+        "NUMA node": None if c.numa_node is None else str(c.numa_node),
+        "CPU affinity": c.cpu_affinity,
+        "row remapping pending": _yes(c.remapped_rows_pending),
+        "row remapping failed": _yes(c.remapped_rows_failure),
+        "retired pages pending": _yes(c.retired_pages_pending),
+    }
+    for subject, text in texts.items():
+        if text is not None:
+            item = {"kind": "gpu setting", "gpu": card.index, "uuid": card.uuid, "name": subject}
+            side.put(*GPU_CONFIG, f"gpu{card.index} {subject}", Fact(text, item=item))
+
+
+def _gpu_state_texts(card: Gpu) -> list[tuple[str, str]]:
+    s = card.state
+    out = [
+        ("performance state", s.performance_state),
+        ("temperature", None if s.temperature_c is None else f"{s.temperature_c} C"),
+        ("power draw", _watts(s.power_draw_w)),
+        (
+            "utilization",
+            None
+            if s.utilization_gpu_percent is None
+            else f"GPU {s.utilization_gpu_percent} %, memory {s.utilization_memory_percent} %",
+        ),
+        ("clocks", _clocks(s.clocks_mhz)),
+        ("clocks limited by", ", ".join(s.clocks_event_reasons) or None),
+        ("PCIe generation", None if s.pcie_generation is None else f"gen {s.pcie_generation}"),
+        ("ECC errors", ", ".join(f"{k} {v}" for k, v in sorted(s.ecc_errors.items())) or None),
+        (
+            "remapped rows",
+            None
+            if s.remapped_rows_correctable is None
+            else f"{s.remapped_rows_correctable} correctable, "
+            f"{s.remapped_rows_uncorrectable} uncorrectable",
+        ),
+    ]
+    return [(subject, text) for subject, text in out if text is not None]
+
+
+def _watts(value: float | None) -> str | None:
+    return None if value is None else f"{value:g} W"
+
+
+def _clocks(clocks: dict[str, int]) -> str | None:
+    return ", ".join(f"{k} {v} MHz" for k, v in sorted(clocks.items())) or None
+
+
+def _pcie(gen: int | None, width: int | None) -> str | None:
+    if gen is None and width is None:
+        return None
+    return f"gen {_count(gen)} x{_count(width)}"
+
+
+def _yes(value: bool | None) -> str | None:
+    return None if value is None else ("yes" if value else "no")
+
+
 def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
     pk, pt = f"packages {key}", f"packages ({env.requested})"
     side.put(pk, pt, "python", Fact(f"{env.implementation} {env.version}"))
+    if env.torch_build is not None:
+        t = env.torch_build
+        text = f"torch {t.version}, CUDA {t.cuda or 'none'}" + (f", HIP {t.hip}" if t.hip else "")
+        side.put(pk, pt, "torch build", Fact(text, detail=t.git_version))
     for d in env.distributions:
         side.put(
             pk,
@@ -233,24 +358,73 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
                 d.version,
                 size=d.size_bytes,
                 detail=f"installer {d.installer}, RECORD {(d.record_sha256 or 'none')[:12]}",
+                item={"kind": "package", "environment": key, "name": d.name},
+                data={
+                    "version": d.version,
+                    "size": d.size_bytes,
+                    "installer": d.installer,
+                    "record_sha256": d.record_sha256,
+                },
             ),
         )
-    fk, ft = f"files {key}", f"files changed since install ({env.requested})"
+    fk, ft = f"files {key}", f"files that differ from their RECORD ({env.requested})"
     side.group(fk, ft)
+
+    def item(path: str, dist: str | None, **more: Any) -> dict[str, Any]:
+        return {"kind": "file", "environment": key, "path": path, "distribution": dist, **more}
+
     for d in env.distributions:
         for m in d.modified:
+            if m.reason == "size":
+                text = f"differs from RECORD (size {m.expected_size} → {m.actual_size} B)"
+            else:
+                text = f"differs from RECORD (same size {m.actual_size} B, other bytes)"
+            data = {"status": "modified", "reason": m.reason, "record_size": m.expected_size,
+                    "size": m.actual_size, "sha256": m.sha256,
+                    "written_after_record": m.written_after_record}  # fmt: skip
             side.put(
                 fk,
                 ft,
                 f"{m.path} ({d.name})",
-                Fact(f"modified ({m.reason}, {m.expected_size} → {m.actual_size} B)"),
+                Fact(text, digest=m.sha256, item=item(m.path, d.name), data=data),
             )
         for path in d.missing:
-            side.put(fk, ft, f"{path} ({d.name})", Fact("missing"))
-        for path in d.unrecorded:
-            side.put(fk, ft, f"{path} ({d.name})", Fact("added (not in RECORD)"))
-    for path in env.unowned:
-        side.put(fk, ft, f"{path} (no distribution)", Fact("added (not in any RECORD)"))
+            side.put(
+                fk,
+                ft,
+                f"{path} ({d.name})",
+                Fact("missing", item=item(path, d.name), data={"status": "missing"}),
+            )
+    if env.added is not None:
+        added = {a.path: a for a in env.added}
+    else:  # an older snapshot: paths only
+        added = {
+            path: AddedFile(path=path, distribution=d.name, size=0, sha256=None)
+            for d in env.distributions
+            for path in d.unrecorded
+        }
+        added |= {p: AddedFile(path=p, distribution=None, size=0, sha256=None) for p in env.unowned}
+    for a in added.values():
+        data = {"status": "added", "size": a.size if env.added is not None else None,
+                "sha256": a.sha256}  # fmt: skip
+        if a.distribution is not None:
+            subject, text = f"{a.path} ({a.distribution})", "added (not in its RECORD)"
+        elif a.folder_owners:
+            subject = f"{a.path} (a folder of {' & '.join(a.folder_owners)})"
+            text = "added (in no RECORD)"
+        else:
+            subject, text = f"{a.path} (no distribution)", "added (in no RECORD)"
+        side.put(
+            fk,
+            ft,
+            subject,
+            Fact(
+                text,
+                digest=a.sha256,
+                item=item(a.path, a.distribution, folder_owners=a.folder_owners),
+                data=data,
+            ),
+        )
     if env.patches is not None:  # None: taken by an envbuild that did not record patches
         _patch_group(side, key, f"patches ({env.requested})")
         for name, rec in env.patches.items():
@@ -416,29 +590,37 @@ def load_side(path: Path) -> tuple[Side, Snapshot | None]:
 # --- comparing -------------------------------------------------------------------------------
 
 
-def _pair_envs(a: Side, b: Side) -> None:
+def _pair_envs(a: Side, b: Side) -> list[str]:
     """Python environments are matched by the path asked for; when exactly one environment on
-    each side is left unmatched (two machines, or a snapshot and a build manifest), they pair."""
+    each side is left unmatched (two machines, or a snapshot and a build manifest), they pair,
+    and the note returned says so."""
     prefixes = ("packages ", "patches ", "files ", "overlaps ", "links ")
     a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
     b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
     only_a, only_b = a_envs - b_envs, b_envs - a_envs
-    if len(only_a) == 1 and len(only_b) == 1:
-        old, new = only_b.pop(), only_a.pop()
-        for p in prefixes:
-            if p + old in b.groups:
-                title, counts, facts = b.groups.pop(p + old)
-                a_title = a.groups.get(p + new, (title,))[0]
-                b.groups[p + new] = (
-                    a_title if a_title == title else a_title.replace(")", f" ↔ {old})", 1),
-                    counts,
-                    facts,
-                )
+    if len(only_a) != 1 or len(only_b) != 1:
+        return []
+    old, new = only_b.pop(), only_a.pop()
+    for p in prefixes:
+        if p + old in b.groups:
+            title, counts, facts = b.groups.pop(p + old)
+            a_title = a.groups.get(p + new, (title,))[0]
+            b.groups[p + new] = (
+                a_title if a_title == title else a_title.replace(")", f" ↔ {old})", 1),
+                counts,
+                facts,
+            )
+    if a.kind == "build manifest" or b.kind == "build manifest":
+        return []  # a build manifest names no path: nothing to say
+    return [
+        f"the Python environments are at different paths: {new} in {a.label}, {old} in "
+        f"{b.label}; compared with each other"
+    ]
 
 
 def compare(a: Side, b: Side) -> DiffResult:
-    _pair_envs(a, b)
-    result = DiffResult(a.label, b.label, [])
+    notes = _pair_envs(a, b)
+    result = DiffResult(a.label, b.label, [], notes=notes)
     envs = Group("environments", "Python environments")
     result.groups.append(envs)
     skipped: dict[str, list[str]] = {}
@@ -449,7 +631,8 @@ def compare(a: Side, b: Side) -> DiffResult:
             if missing.kind == "build manifest" or key == "state":
                 skipped.setdefault(f"{missing.label} ({missing.kind}) has none", []).append(title)
             elif key.startswith("packages "):
-                shown = f"{facts['python'].text}, {len(facts) - 1} distributions"
+                dists = len(set(facts) - {"python", "torch build"})
+                shown = f"{facts['python'].text}, {dists} distributions"
                 env = key.removeprefix("packages ")
                 before, after = (None, shown) if missing is a else (shown, None)
                 envs.changes.append(Change(env, before, after))
@@ -465,18 +648,25 @@ def compare(a: Side, b: Side) -> DiffResult:
         group = Group(key, title, counts)
         for subject in sorted(set(facts_a) | set(facts_b)):
             fa, fb = facts_a.get(subject), facts_b.get(subject)
-            if fa == fb or (key == "refs" and None in (fa, fb)):
-                continue  # (a reference one side did not record is unknown, not absent)
+            if fa == fb or (key in ("refs", GPU_CONFIG[0]) and None in (fa, fb)):
+                continue  # (a reference or setting one side did not record is unknown)
             if fa is not None and fb is not None and fa.text == fb.text:
-                if None in (fa.detail, fb.detail) or fa.detail == fb.detail:
+                if fa.digest and fb.digest and fa.digest != fb.digest:
+                    # the same finding, other bytes: a second edit of a drifted file
+                    before = f"{fa.text}, sha256 {fa.digest[:12]}"
+                    after = f"{fb.text}, sha256 {fb.digest[:12]}"
+                elif None in (fa.detail, fb.detail) or fa.detail == fb.detail:
                     continue  # only the size moved: not a change of what is there
-                before, after = fa.detail, fb.detail
+                else:
+                    before, after = fa.detail, fb.detail
             elif (
-                subject == "python"
+                subject in ("python", "torch build")
                 and key.startswith("packages ")
                 and "build manifest" in (a.kind, b.kind)
             ):
-                continue  # a build manifest that does not say its Python
+                continue  # a build manifest that does not say its Python or torch build
+            elif subject == "torch build" and None in (fa, fb) and key.startswith("packages "):
+                continue  # an older snapshot did not record it: unknown, not changed
             else:
                 before = fa.text if fa else None
                 after = fb.text if fb else None
@@ -484,7 +674,17 @@ def compare(a: Side, b: Side) -> DiffResult:
             sized = [f.size for f in (fa, fb) if f is not None]
             if None not in sized:  # a side that does not know its size gives no delta
                 delta = ((fb.size or 0) if fb else 0) - ((fa.size or 0) if fa else 0)
-            group.changes.append(Change(subject, before, after, delta or None))
+            group.changes.append(
+                Change(
+                    subject,
+                    before,
+                    after,
+                    delta or None,
+                    item=fa.item if fa is not None else fb.item if fb is not None else None,
+                    before_fields=fa.data if fa is not None else None,
+                    after_fields=fb.data if fb is not None else None,
+                )
+            )
         result.groups.append(group)
     result.groups.sort(key=lambda g: _group_order(g.key))
     result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
@@ -533,6 +733,8 @@ def render_text(result: DiffResult, *, only_counted: bool = False) -> list[str]:
                 sign = "+" if c.delta_bytes > 0 else "-"
                 text += f", {sign}{_size(abs(c.delta_bytes))}"
             lines.append(text)
+    for note in result.notes:
+        lines.append(f"note: {note}")
     for note in result.not_compared:
         lines.append(f"not compared: {note}")
     return lines

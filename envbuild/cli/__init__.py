@@ -104,8 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return ExitCode.USER_ERROR
-    handler = render.setup_logging(args.verbose, args.quiet)
     as_json = bool(getattr(args, "json", False))
+    # snapshot and verify under --json: stderr carries warnings and errors only (-v: progress)
+    quiet = args.quiet or (as_json and command in ("snapshot", "verify") and not args.verbose)
+    handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
     try:
         return int(args.func(args))

@@ -116,9 +116,19 @@ def summary(snap: Snapshot) -> list[str]:
             who = f"({dist.name} {dist.version})"
             if dist.record_sha256 is None:
                 lines.append(f"  no RECORD: {dist.dist_info} {who}: its files cannot be checked")
-            lines.extend(f"  modified: {m.path} {who}" for m in dist.modified)
+            lines.extend(
+                f"  modified: {m.path} {who}"
+                + ("" if m.written_after_record is not False else " (older than its RECORD: "
+                   "the RECORD may be wrong as shipped)")
+                for m in dist.modified
+            )  # fmt: skip
             lines.extend(f"  missing: {path} {who}" for path in dist.missing)
             lines.extend(f"  unrecorded: {path} {who}" for path in dist.unrecorded)
+        owners = {a.path: a.folder_owners for a in env.added or []}
+        for path in env.unowned:
+            shared = owners.get(path)
+            where = f"a folder of {' & '.join(shared)}" if shared else "no distribution"
+            lines.append(f"  unrecorded: {path} ({where})")
         for f in [f for f in env.links or [] if f.loaded]:
             what = ", ".join(f.demangled or f.missing[:5])
             who = f.distribution or "no distribution"

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.cli import render
-from envbuild.diff import render_text
+from envbuild.diff import render_text, size_text
 from envbuild.errors import ExitCode
-from envbuild.verify import verify
+from envbuild.verify import GpuMemory, verify
 
 
 def register(sub: Any) -> None:
@@ -45,10 +45,36 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.json:
         render.emit_json(result.as_dict())
-    elif result.drift:
+        return ExitCode.DIFFERENT if result.drift else ExitCode.OK
+    if result.drift:
         for line in render_text(result.diff, only_counted=True):
             if not line.startswith("not compared:"):
                 render.echo(line)
     else:
         render.echo(f"no drift from {args.manifest}")
+    for line in held_lines(result.gpu_memory):
+        render.echo(line)
+    for warning in result.warnings:
+        render.echo(f"warning: {warning}")
     return ExitCode.DIFFERENT if result.drift else ExitCode.OK
+
+
+def held_lines(held: list[GpuMemory]) -> list[str]:
+    """Who holds GPU memory now: shown whether or not anything drifted (it is state)."""
+    if not held:
+        return []
+    lines = ["GPU memory in use now (state: shown, not counted):"]
+    for m in held:
+        reserved = (
+            f" (+{size_text(m.reserved_bytes)} reserved by the driver)" if m.reserved_bytes else ""
+        )
+        procs = ", ".join(
+            f"pid {p['pid']} {p['name'] or '?'} ({p['unit'] or 'no unit'}) "
+            + (size_text(p["used_memory_bytes"]) if p["used_memory_bytes"] is not None else "?")
+            for p in m.processes
+        )
+        lines.append(
+            f"  gpu{m.gpu}: {size_text(m.used_bytes)} of {size_text(m.total_bytes)} used{reserved}"
+            + (f" by {procs}" if procs else " (by no process NVML can name)")
+        )
+    return lines

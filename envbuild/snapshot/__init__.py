@@ -25,6 +25,7 @@ from envbuild.snapshot import (
     records,
     refs,
     systemd,
+    torchinfo,
 )
 from envbuild.snapshot.model import (
     SCHEMA_VERSION,
@@ -104,6 +105,7 @@ def take_snapshot(opts: Options) -> Snapshot:
     for python in opts.pythons:
         log.info("checking %s (%s)", python, opts.integrity)
         env = patchinfo.record_patches(pyenv.scan_env(python, opts.integrity))
+        env = torchinfo.record_torch_build(env)
         envs.append(link_findings(env) if opts.links else env)
     disks = [("root", "/"), ("tmp", tempfile.gettempdir()), ("store", store_path())]
     if opts.models:
@@ -117,6 +119,7 @@ def take_snapshot(opts: Options) -> Snapshot:
         gpu=gpu.read_gpus(opts.nvml),
         pythons=envs,
         cuda_toolkits=cuda.read_toolkits() if opts.cuda else [],
+        cuda_libraries=cuda.read_libraries() if opts.cuda else None,
         docker=docker.read_docker(redactor) if opts.docker else None,
         systemd=systemd.read_units(opts.services, redactor) if opts.systemd else None,
         hf_cache=(

@@ -1,4 +1,5 @@
-"""CUDA toolkits on the machine: every ``nvcc`` found, its version and where it is."""
+"""CUDA toolkits on the machine: every ``nvcc`` found, its version and where it is; and the CUDA
+libraries installed system-wide (cuDNN, as ``python -m torch.utils.collect_env`` looks for it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure
-from envbuild.snapshot.model import CudaToolkit
+from envbuild.snapshot.model import CudaLibrary, CudaToolkit
 
 log = logging.getLogger("envbuild.snapshot.cuda")
 
@@ -50,3 +51,32 @@ def read_toolkits(paths: Iterable[str] | None = None) -> list[CudaToolkit]:
             continue
         seen[real] = CudaToolkit(path=real, version=match["version"], build=match["build"])
     return sorted(seen.values(), key=lambda t: t.path)
+
+
+#: Where system-wide CUDA libraries are (Debian/Ubuntu multiarch, RPM, NVIDIA's toolkit).
+LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/local/cuda/lib64",
+    "/usr/local/cuda/targets/x86_64-linux/lib",
+)
+_LIBRARY = re.compile(r"^(?P<name>libcudnn(?:_[a-z_]+)?)\.so\.(?P<version>\d+\.\d+\.\d+)$")
+
+
+def read_libraries(dirs: Iterable[str] = LIBRARY_DIRS) -> list[CudaLibrary]:
+    """The fully versioned system cuDNN libraries (``libcudnn.so.9.14.0``) in ``dirs``; the
+    ones a venv's wheels carry are its distributions (nvidia-cudnn-cu13)."""
+    found: dict[str, CudaLibrary] = {}
+    for folder in dirs:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            m = _LIBRARY.match(name)
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            if m and real not in found and os.path.isfile(real):
+                found[real] = CudaLibrary(name=m["name"], version=m["version"], path=path)
+    return sorted(found.values(), key=lambda lib: lib.path)

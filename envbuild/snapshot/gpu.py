@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from envbuild.snapshot.model import Gpu, GpuLink, GpuProcess, GpuSection
+from envbuild.snapshot.model import Gpu, GpuConfig, GpuLink, GpuProcess, GpuSection, GpuState
 
 log = logging.getLogger("envbuild.snapshot.gpu")
 
@@ -62,8 +62,10 @@ class Nvml(ABC):
     def compute_capability(self, i: int) -> tuple[int, int]: ...
 
     @abstractmethod
-    def memory(self, i: int) -> tuple[int, int]:
-        """(total, used) bytes."""
+    def memory(self, i: int) -> tuple[int, int, int | None]:
+        """(total, used, reserved) bytes, as NVML v2 gives them: used without the driver's
+        reservation, as nvidia-smi shows it. Reserved is None where only NVML v1 answers (its used
+        memory then includes the reservation)."""
 
     @abstractmethod
     def processes(self, i: int) -> list[tuple[int, int | None]]:
@@ -84,6 +86,14 @@ class Nvml(ABC):
     @abstractmethod
     def link(self, i: int, j: int) -> str:
         """``nvlink`` when the two GPUs talk over NVLink, else their PCIe common ancestor."""
+
+    def config(self, i: int) -> GpuConfig:
+        """How the GPU is set up (drift when it changes); nothing known by default."""
+        return GpuConfig()
+
+    def state(self, i: int) -> GpuState:
+        """What changes on its own (never drift); nothing known by default."""
+        return GpuState()
 
 
 class PyNvml(Nvml):
@@ -158,9 +168,17 @@ class PyNvml(Nvml):
         major, minor = self._nv.nvmlDeviceGetCudaComputeCapability(self._h(i))
         return int(major), int(minor)
 
-    def memory(self, i: int) -> tuple[int, int]:
-        info = self._nv.nvmlDeviceGetMemoryInfo(self._h(i))
-        return int(info.total), int(info.used)
+    def memory(self, i: int) -> tuple[int, int, int | None]:
+        nv = self._nv
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                info = nv.nvmlDeviceGetMemoryInfo(self._h(i), version=version)
+                return int(info.total), int(info.used), int(info.reserved)
+            except nv.NVMLError as exc:  # an older driver: v1, used includes the reservation
+                log.debug("NVML: nvmlDeviceGetMemoryInfo_v2: %s; using v1", exc)
+        info = nv.nvmlDeviceGetMemoryInfo(self._h(i))
+        return int(info.total), int(info.used), None
 
     def processes(self, i: int) -> list[tuple[int, int | None]]:
         found: dict[int, int | None] = {}
@@ -212,6 +230,155 @@ class PyNvml(Nvml):
                 return label
         return "unknown"
 
+    def config(self, i: int) -> GpuConfig:
+        nv, h, opt = self._nv, self._h(i), self._ask
+        ecc = opt("nvmlDeviceGetEccMode", h)
+        mig = opt("nvmlDeviceGetMigMode", h)
+        limits = opt("nvmlDeviceGetPowerManagementLimitConstraints", h)
+        remap = opt("nvmlDeviceGetRemappedRows", h)
+        bar1 = opt("nvmlDeviceGetBAR1MemoryInfo", h)
+        retired = opt("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        return GpuConfig(
+            serial=_opt_text(opt("nvmlDeviceGetSerial", h)),
+            board_part_number=_opt_text(opt("nvmlDeviceGetBoardPartNumber", h)),
+            vbios_version=_opt_text(opt("nvmlDeviceGetVbiosVersion", h)),
+            inforom_version=_opt_text(opt("nvmlDeviceGetInforomImageVersion", h)),
+            compute_mode=_named(opt("nvmlDeviceGetComputeMode", h), COMPUTE_MODES),
+            ecc_pending=None if ecc is None else ecc[1] == nv.NVML_FEATURE_ENABLED,
+            mig_pending=None if mig is None else mig[1] == nv.NVML_FEATURE_ENABLED,
+            virtualization_mode=_named(
+                opt("nvmlDeviceGetVirtualizationMode", h), VIRTUALIZATION_MODES
+            ),
+            power_limit_w=_watts(opt("nvmlDeviceGetEnforcedPowerLimit", h)),
+            power_limit_default_w=_watts(opt("nvmlDeviceGetPowerManagementDefaultLimit", h)),
+            power_limit_max_w=None if limits is None else _watts(limits[1]),
+            max_clocks_mhz=self._clocks("nvmlDeviceGetMaxClockInfo", h, ("graphics", "sm", "mem")),
+            application_clocks_mhz=self._clocks(
+                "nvmlDeviceGetApplicationsClock", h, ("graphics", "mem")
+            ),
+            pcie_max_generation=opt("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_max_width=opt("nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_width=opt("nvmlDeviceGetCurrPcieLinkWidth", h),
+            bar1_total_bytes=None if bar1 is None else int(bar1.bar1Total),
+            numa_node=_numa(opt("nvmlDeviceGetNumaNodeId", h)),
+            cpu_affinity=_cpu_list(opt("nvmlDeviceGetCpuAffinity", h, _AFFINITY_WORDS)),
+            remapped_rows_pending=None if remap is None else bool(remap[2]),
+            remapped_rows_failure=None if remap is None else bool(remap[3]),
+            retired_pages_pending=None if retired is None else bool(retired),
+        )
+
+    def state(self, i: int) -> GpuState:
+        nv, h, opt = self._nv, self._h(i), self._ask
+        pstate = opt("nvmlDeviceGetPerformanceState", h)
+        util = opt("nvmlDeviceGetUtilizationRates", h)
+        remap = opt("nvmlDeviceGetRemappedRows", h)
+        bar1 = opt("nvmlDeviceGetBAR1MemoryInfo", h)
+        reasons = opt("nvmlDeviceGetCurrentClocksEventReasons", h)
+        errors = {}
+        counters = {"volatile": nv.NVML_VOLATILE_ECC, "aggregate": nv.NVML_AGGREGATE_ECC}
+        kinds = {
+            "corrected": nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            "uncorrected": nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        }
+        for counter_name, counter in counters.items():
+            for kind_name, kind in kinds.items():
+                count = opt("nvmlDeviceGetTotalEccErrors", h, kind, counter)
+                if count is not None:
+                    errors[f"{counter_name}_{kind_name}"] = int(count)
+        return GpuState(
+            performance_state=None if pstate is None or pstate > 15 else f"P{pstate}",
+            temperature_c=opt("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU),
+            power_draw_w=_watts(opt("nvmlDeviceGetPowerUsage", h)),
+            utilization_gpu_percent=None if util is None else int(util.gpu),
+            utilization_memory_percent=None if util is None else int(util.memory),
+            clocks_mhz=self._clocks("nvmlDeviceGetClockInfo", h, ("graphics", "sm", "mem")),
+            clocks_event_reasons=_reasons(reasons),
+            pcie_generation=opt("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            ecc_errors=errors,
+            remapped_rows_correctable=None if remap is None else int(remap[0]),
+            remapped_rows_uncorrectable=None if remap is None else int(remap[1]),
+            bar1_used_bytes=None if bar1 is None else int(bar1.bar1Used),
+        )
+
+    def _ask(self, function: str, *args: Any) -> Any:
+        """NVML's ``function`` of ``args``, or None where the GPU does not support it or the
+        installed nvidia-ml-py does not have it (an older one)."""
+        fn = getattr(self._nv, function, None)
+        if fn is None:
+            log.debug("NVML: nvidia-ml-py has no %s", function)
+            return None
+        return self._optional(fn, *args)
+
+    def _clocks(self, getter: str, h: Any, names: tuple[str, ...]) -> dict[str, int]:
+        ids = {"graphics": self._nv.NVML_CLOCK_GRAPHICS, "sm": self._nv.NVML_CLOCK_SM,
+               "mem": self._nv.NVML_CLOCK_MEM}  # fmt: skip
+        out = {}
+        for name in names:
+            value = self._ask(getter, h, ids[name])
+            if value is not None:
+                out[name] = int(value)
+        return out
+
+
+#: NVML's enumerations as the words the snapshot records (nvml.h: nvmlComputeMode_t,
+#: nvmlGpuVirtualizationMode_t, nvmlClocksEventReasons).
+COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
+VIRTUALIZATION_MODES = {0: "none", 1: "pass-through", 2: "vgpu", 3: "host-vgpu", 4: "host-vsga"}
+CLOCKS_EVENT_REASONS = {
+    0x1: "gpu-idle",
+    0x2: "applications-clocks-setting",
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",
+    0x10: "sync-boost",
+    0x20: "sw-thermal-slowdown",
+    0x40: "hw-thermal-slowdown",
+    0x80: "hw-power-brake-slowdown",
+    0x100: "display-clocks-setting",
+}
+_AFFINITY_WORDS = 16  # 64-bit words: CPUs 0-1023
+
+
+def _named(value: int | None, names: dict[int, str]) -> str | None:
+    return None if value is None else names.get(int(value), f"unknown ({value})")
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else round(int(milliwatts) / 1000, 3)
+
+
+def _numa(node: int | None) -> int | None:
+    return None if node is None or int(node) < 0 else int(node)
+
+
+def _reasons(mask: int | None) -> list[str]:
+    if mask is None:
+        return []
+    names = [name for bit, name in CLOCKS_EVENT_REASONS.items() if int(mask) & bit]
+    rest = int(mask) & ~sum(CLOCKS_EVENT_REASONS)
+    return names + ([f"other (0x{rest:x})"] if rest else [])
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """0,1,2,3,8 -> 0-3,8 (the kernel's cpulist format)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _cpu_list(words: Any) -> str | None:
+    if words is None:
+        return None
+    cpus = [w * 64 + b for w, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+    return cpu_list(cpus) or None
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -240,6 +407,31 @@ def _comm(pid: int, proc_root: Path) -> str | None:
         return None
 
 
+def gpu_warnings(section: GpuSection) -> list[str]:
+    """What a GPU operator must hear about even when nothing drifted: a PCIe link that trained
+    narrower than it can (a reseat, a riser, a bad slot), rows waiting to be remapped (the GPU
+    needs a reset), a failed remap or retired pages pending, and modes that change at reset."""
+    out = []
+    for g in section.gpus:
+        c, name = g.config, f"gpu{g.index}"
+        if c.pcie_width is not None and c.pcie_max_width and c.pcie_width < c.pcie_max_width:
+            out.append(
+                f"{name}: PCIe link trained at x{c.pcie_width}, below its maximum "
+                f"x{c.pcie_max_width}"
+            )
+        if c.remapped_rows_pending:
+            out.append(f"{name}: memory rows are waiting to be remapped: reset the GPU")
+        if c.remapped_rows_failure:
+            out.append(f"{name}: a memory row remapping failed: the GPU needs service")
+        if c.retired_pages_pending:
+            out.append(f"{name}: memory pages are waiting to be retired: reset the GPU")
+        for mode, now, pending in (("ECC", g.ecc_enabled, c.ecc_pending),
+                                   ("MIG", g.mig_enabled, c.mig_pending)):  # fmt: skip
+            if None not in (now, pending) and now != pending:
+                out.append(f"{name}: {mode} changes to {'on' if pending else 'off'} at reset")
+    return out
+
+
 def cuda_version_text(value: int) -> str:
     return f"{value // 1000}.{value % 1000 // 10}"
 
@@ -255,7 +447,7 @@ def read_gpus(lib: Nvml | None = None, *, proc_root: Path = Path("/proc")) -> Gp
         gpus = []
         n = lib.count()
         for i in range(n):
-            total, used = lib.memory(i)
+            total, used, reserved = lib.memory(i)
             major, minor = lib.compute_capability(i)
             gpus.append(
                 Gpu(
@@ -266,6 +458,9 @@ def read_gpus(lib: Nvml | None = None, *, proc_root: Path = Path("/proc")) -> Gp
                     compute_capability=f"{major}.{minor}",
                     memory_total_bytes=total,
                     memory_used_bytes=used,
+                    memory_reserved_bytes=reserved,
+                    config=lib.config(i),
+                    state=lib.state(i),
                     persistence_mode=lib.persistence(i),
                     ecc_enabled=lib.ecc(i),
                     mig_enabled=lib.mig(i),

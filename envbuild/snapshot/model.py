@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.errors import ManifestError, NewerFormat
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KIND = "envbuild.snapshot"
 
 
@@ -68,6 +68,59 @@ class GpuProcess(_Strict):
     unit: str | None = Field(description="the systemd unit owning the process (from its cgroup)")
 
 
+class GpuConfig(_Strict):
+    """What the GPU is and how it is set up: a change of any of these is drift. None: NVML
+    cannot tell on this GPU (or the snapshot is older than the fact)."""
+
+    serial: str | None = None
+    board_part_number: str | None = None
+    vbios_version: str | None = None
+    inforom_version: str | None = Field(default=None, description="the InfoROM image version")
+    compute_mode: str | None = Field(default=None, description="default, exclusive-process …")
+    ecc_pending: bool | None = Field(default=None, description="ECC mode after the next reset")
+    mig_pending: bool | None = Field(default=None, description="MIG mode after the next reset")
+    virtualization_mode: str | None = Field(default=None, description="none, pass-through, vgpu …")
+    power_limit_w: float | None = Field(default=None, description="the enforced power limit")
+    power_limit_default_w: float | None = None
+    power_limit_max_w: float | None = None
+    max_clocks_mhz: dict[str, int] = Field(default_factory=dict, description="graphics, sm, mem")
+    application_clocks_mhz: dict[str, int] = Field(
+        default_factory=dict, description="graphics, mem (set with nvidia-smi -ac)"
+    )
+    pcie_max_generation: int | None = Field(default=None, description="what GPU and slot can do")
+    pcie_max_width: int | None = None
+    pcie_width: int | None = Field(default=None, description="lanes the link trained at")
+    bar1_total_bytes: Bytes | None = None
+    numa_node: int | None = None
+    cpu_affinity: str | None = Field(default=None, description="the CPUs near the GPU, as 0-15,32")
+    remapped_rows_pending: bool | None = Field(default=None, description="a reset is needed")
+    remapped_rows_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+
+
+class GpuState(_Strict):
+    """What changes on its own while the GPU runs: recorded, shown, never counted as drift."""
+
+    performance_state: str | None = Field(default=None, description="P0 (fastest) … P15")
+    temperature_c: int | None = None
+    power_draw_w: float | None = None
+    utilization_gpu_percent: int | None = None
+    utilization_memory_percent: int | None = None
+    clocks_mhz: dict[str, int] = Field(default_factory=dict, description="graphics, sm, mem now")
+    clocks_event_reasons: list[str] = Field(
+        default_factory=list, description="why the clocks are below their maximum now"
+    )
+    pcie_generation: int | None = Field(default=None, description="drops while the GPU idles")
+    ecc_errors: dict[str, int] = Field(
+        default_factory=dict,
+        description="volatile_corrected, volatile_uncorrected, aggregate_corrected, "
+        "aggregate_uncorrected",
+    )
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    bar1_used_bytes: Bytes | None = None
+
+
 class Gpu(_Strict):
     index: int
     name: str
@@ -75,7 +128,16 @@ class Gpu(_Strict):
     pci_bus_id: str | None = None
     compute_capability: str = Field(description="major.minor, e.g. 9.0")
     memory_total_bytes: Bytes
-    memory_used_bytes: Bytes = Field(description="volatile")
+    memory_used_bytes: Bytes = Field(
+        description="volatile; without the driver's reservation (NVML v2), as nvidia-smi shows"
+    )
+    memory_reserved_bytes: Bytes | None = Field(
+        default=None,
+        description="held by the driver and firmware (NVML v2); None: only NVML v1, whose used "
+        "memory includes it",
+    )
+    config: GpuConfig = Field(default_factory=GpuConfig)
+    state: GpuState = Field(default_factory=GpuState)
     persistence_mode: bool | None = None
     ecc_enabled: bool | None = None
     mig_enabled: bool | None = None
@@ -103,10 +165,39 @@ class GpuSection(_Strict):
 
 
 class ModifiedFile(_Strict):
+    """A file that differs from its RECORD line: edited since the install, or shipped with a
+    RECORD that was already wrong. Both checks (full and quick) judge it the same way and record
+    its digest, so a second edit of a file that had already drifted is seen too."""
+
     path: str
-    reason: Literal["sha256", "size"]
+    reason: Literal["sha256", "size"] = Field(
+        description="size: the size differs (the digest too); sha256: same size, other bytes"
+    )
     expected_size: Bytes | None = None
     actual_size: Bytes
+    sha256: str | None = Field(
+        default=None, description="hex sha256 of the file on disk (None: an older snapshot)"
+    )
+    written_after_record: bool | None = Field(
+        default=None,
+        description="its mtime is later than the RECORD's: changed after the install (False: "
+        "the RECORD may have been wrong as shipped)",
+    )
+
+
+class AddedFile(_Strict):
+    """A file in site-packages that no RECORD lists."""
+
+    path: str
+    distribution: str | None = Field(
+        description="the distribution owning its folder (None: no single one)"
+    )
+    folder_owners: list[str] = Field(
+        default_factory=list,
+        description="when no single distribution owns it: the distributions sharing its folder",
+    )
+    size: Bytes
+    sha256: str | None = Field(description="hex sha256 (None: too big for a quick check)")
 
 
 class Distribution(_Strict):
@@ -162,6 +253,16 @@ class LinkFinding(_Strict):
     )
 
 
+class TorchBuild(_Strict):
+    """What torch/version.py of the installed torch says (torch.__version__, torch.version.*)."""
+
+    version: str = Field(description="torch.__version__, with its local part: 2.11.0+cu130")
+    cuda: str | None = Field(default=None, description="the CUDA torch was built with: 13.0")
+    hip: str | None = None
+    git_version: str | None = None
+    debug: bool = False
+
+
 class PythonEnv(_Strict):
     requested: str = Field(description="the --python argument as given")
     executable: str
@@ -175,6 +276,14 @@ class PythonEnv(_Strict):
     unowned: list[str] = Field(
         default_factory=list,
         description="site-packages files no RECORD lists and no distribution's folder holds",
+    )
+    added: list[AddedFile] | None = Field(
+        default=None,
+        description="every file no RECORD lists (unrecorded and unowned) with its size and "
+        "digest (None: an older snapshot)",
+    )
+    torch_build: TorchBuild | None = Field(
+        default=None, description="how the installed torch was built (None: no torch)"
     )
     patches: dict[str, PatchedDist] | None = Field(
         default=None,
@@ -194,6 +303,12 @@ class CudaToolkit(_Strict):
     path: str = Field(description="the nvcc binary (resolved)")
     version: str
     build: str | None = None
+
+
+class CudaLibrary(_Strict):
+    name: str = Field(description="libcudnn, libcudnn_ops …")
+    version: str = Field(description="from the file name: 9.14.0")
+    path: str
 
 
 class Skipped(_Strict):
@@ -278,7 +393,7 @@ class ImageRef(_Strict):
 
 
 class Snapshot(_Strict):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     kind: Literal["envbuild.snapshot"] = "envbuild.snapshot"
     generator: str = Field(description="envbuild version that took the snapshot")
     taken_at: str | None = Field(
@@ -288,6 +403,9 @@ class Snapshot(_Strict):
     gpu: GpuSection
     pythons: list[PythonEnv] = Field(default_factory=list)
     cuda_toolkits: list[CudaToolkit] = Field(default_factory=list)
+    cuda_libraries: list[CudaLibrary] | None = Field(
+        default=None, description="system-wide cuDNN (None: not looked at, an older snapshot)"
+    )
     docker: DockerSection | None = None
     systemd: SystemdSection | None = None
     hf_cache: HfCacheSection | None = None
@@ -300,8 +418,15 @@ class Snapshot(_Strict):
 
 REDACTED = "***"
 
-#: Converters from an older schema version to the next one. Version 1 is the first: none yet.
-CONVERTERS: dict[int, Any] = {}
+
+def _from_1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 added facts (GPU configuration and state, reserved GPU memory, the digests of
+    drifted files); a version-1 manifest has none of them, which version 2 reads as unknown."""
+    return {**data, "schema_version": 2}
+
+
+#: Converters from an older schema version to the next one.
+CONVERTERS: dict[int, Any] = {1: _from_1}
 
 
 def schema() -> dict[str, Any]:

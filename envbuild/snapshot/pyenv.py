@@ -34,7 +34,8 @@ from packaging.utils import canonicalize_name
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
 from envbuild.snapshot import records
-from envbuild.snapshot.model import Distribution, PythonEnv
+from envbuild.snapshot.hashing import hash_one, stat_one
+from envbuild.snapshot.model import AddedFile, Distribution, PythonEnv
 from envbuild.snapshot.records import Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
@@ -211,27 +212,50 @@ def _find_dists(requested: str, sites: Iterable[str]) -> list[Dist]:
     return out
 
 
-def _unrecorded(dists: list[Dist], found: dict[str, list[str]], merged: Merged) -> list[str]:
+def _unrecorded(
+    dists: list[Dist], found: dict[str, list[str]], merged: Merged, mode: Mode = "full"
+) -> tuple[list[str], list[AddedFile]]:
     """Give each file ``found`` in site-packages that no RECORD lists to the one distribution
-    owning its folder. Returns the files no single distribution owns."""
+    owning its folder. Returns the files no single distribution owns, and every unlisted file
+    with its size and digest (so that a later edit of it is seen; the quick check hashes those
+    up to :data:`QUICK_HASH_LIMIT` bytes)."""
     recorded = merged.recorded
     owners = merged.folder_owners
     for number, dist in enumerate(dists):
         recorded.add(os.path.join(dist.site, dist.dist_info, "RECORD"))
         owners.setdefault(os.path.join(dist.site, dist.dist_info), set()).add(number)
     unowned: list[str] = []
+    added: list[AddedFile] = []
     for site, paths in found.items():
         cut = len(site) + 1 if os.path.abspath(site) == site else 0
         for path in paths:
             if path in recorded:
                 continue
             shown = path[cut:] if cut else os.path.relpath(path, site)
-            owner = _owner_of(path, site, owners)
+            who = _owners_of(path, site, owners)
+            owner = next(iter(who)) if len(who) == 1 else None
             if owner is None:
                 unowned.append(shown)
             else:
                 dists[owner].unrecorded.append(shown)
-    return sorted(unowned)
+            fh = stat_one(path)
+            if fh.error is None and (mode == "full" or fh.size <= QUICK_HASH_LIMIT):
+                fh = hash_one(path)
+            added.append(
+                AddedFile(
+                    path=shown,
+                    distribution=dists[owner].name if owner is not None else None,
+                    folder_owners=sorted({dists[n].name for n in who}) if owner is None else [],
+                    size=fh.size,
+                    sha256=fh.digest.hex() if fh.digest is not None else None,
+                )
+            )
+    return sorted(unowned), sorted(added, key=lambda a: a.path)
+
+
+#: The quick check hashes files no RECORD lists up to this size (a later same-size edit of a
+#: bigger one is seen by the full check only).
+QUICK_HASH_LIMIT = 16 << 20
 
 
 def _files_under(top: str, unlistable: list[tuple[str, str]]) -> Iterator[str]:
@@ -259,15 +283,16 @@ def _files_under(top: str, unlistable: list[tuple[str, str]]) -> Iterator[str]:
                 stack.append(child.path)
 
 
-def _owner_of(path: str, site: str, dir_owner: dict[str, set[int]]) -> int | None:
+def _owners_of(path: str, site: str, dir_owner: dict[str, set[int]]) -> set[int]:
+    """The distributions owning the nearest folder above ``path`` that any owns (none: empty)."""
     inside = site + os.sep
     parent = path.rpartition(os.sep)[0]
     while parent.startswith(inside):
         who = dir_owner.get(parent)
         if who:
-            return next(iter(who)) if len(who) == 1 else None
+            return who
         parent = parent.rpartition(os.sep)[0]
-    return None
+    return set()
 
 
 def scan_env(python: str, mode: Mode = "full") -> PythonEnv:
@@ -290,7 +315,7 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     read = time.perf_counter()
     merged = records.merge(dists, records.check(dists, mode, meanwhile=meanwhile))
     checked_at = time.perf_counter()
-    unowned = _unrecorded(dists, found, merged)
+    unowned, added = _unrecorded(dists, found, merged, mode)
     # a metadata file RECORD lists is found by both looks: named once
     unreadable = [f"{path} ({d.name}): {why}" for d in dists for path, why in d.unreadable]
     unreadable = list(dict.fromkeys(unreadable + merged.unreadable))
@@ -327,6 +352,7 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
         distributions=sorted((_to_model(d) for d in dists), key=lambda d: (d.name, d.version)),
         overlaps=merged.overlaps,
         unowned=unowned,
+        added=added,
     )
 
 

@@ -256,8 +256,15 @@ def check_job(
     unsure: list[str] = []
     for e in entries:
         fh = hash_one(e.abs, buffer) if full else stat_one(e.abs)
-        if not full and fh.error is None and e.sha256 is not None and fh.mtime_ns > newer_than:
-            fh = hash_one(e.abs, buffer)  # written after the install: is it still the same?
+        if (
+            not full
+            and fh.error is None
+            and e.sha256 is not None
+            and (fh.mtime_ns > newer_than or (e.size is not None and fh.size != e.size))
+        ):
+            # written after the install (is it still the same?), or drifted: the full check's
+            # digest is recorded, so that both checks record the same
+            fh = hash_one(e.abs, buffer)
         if fh.error is not None:
             if not fh.missing:
                 unreadable.append((e.abs, fh.error))
@@ -267,17 +274,19 @@ def check_job(
                 missing.append((e.abs, e.shown))
             continue
         size += fh.size
-        if fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
-            reason = "sha256"
-        elif e.size is not None and fh.size != e.size:
+        if e.size is not None and fh.size != e.size:  # first: what both checks see alike
             reason = "size"
+        elif fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
+            reason = "sha256"
         else:
             if (e.sha256 if fh.digest is not None else e.size) is None:
                 unsure.append(e.abs)
             continue
         modified.append(
             (e.abs, ModifiedFile(path=e.shown, reason=reason, expected_size=e.size,
-                                 actual_size=fh.size))
+                                 actual_size=fh.size,
+                                 sha256=fh.digest.hex() if fh.digest is not None else None,
+                                 written_after_record=fh.mtime_ns > newer_than))
         )  # fmt: skip
     return Checked(
         job.dist, "\0".join(e.abs for e in entries), _folders(entries, dist.site), len(entries),

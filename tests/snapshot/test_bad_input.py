@@ -52,10 +52,10 @@ def test_a_hand_edited_manifest(cli: Any, tmp_path: Path) -> None:
 
 def test_a_manifest_from_a_newer_schema(cli: Any, tmp_path: Path) -> None:
     data = json.loads(FIXTURE.read_text())
-    data["schema_version"] = 2
+    data["schema_version"] = 3
     newer = tmp_path / "newer.json"
     newer.write_text(json.dumps(data))
-    fails_cleanly(cli("verify", newer), "schema version 2 is newer", "upgrade envbuild")
+    fails_cleanly(cli("verify", newer), "schema version 3 is newer", "upgrade envbuild")
 
 
 @pytest.mark.parametrize(

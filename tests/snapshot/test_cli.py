@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from snapshot.conftest import ALPHA_FILES, later, pip_install, site_packages
 Cli = Any
 
 MODEL_SIZE = len(ALPHA_FILES["alpha/models/llama.py"])
-EDITED = f"modified (sha256, {MODEL_SIZE} → {MODEL_SIZE + len('    print(h)' + chr(10))} B)"
+EDITED = f"differs from RECORD (size {MODEL_SIZE} → {MODEL_SIZE + len('    print(h)' + chr(10))} B)"
 
 #: What a test machine has that a snapshot would otherwise try (and take seconds on).
 SCOPE = ("--no-docker", "--no-systemd")
@@ -42,7 +43,7 @@ def test_snapshot_writes_a_canonical_manifest_and_a_summary(
     text = out.read_text()
     data = json.loads(text)
     assert text == json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    assert data["schema_version"] == 1 and data["kind"] == "envbuild.snapshot"
+    assert data["schema_version"] == 2 and data["kind"] == "envbuild.snapshot"
     assert [d["name"] for d in data["pythons"][0]["distributions"]] == ["alpha", "beta"]
     assert (
         "2 distributions, 0 modified, 0 missing, 0 unrecorded, 1 overlapping paths" in result.stdout
@@ -76,7 +77,7 @@ def test_the_edited_file_is_named_by_snapshot_diff_and_verify(
         verify = cli("verify", before, *quick)
         assert verify.exit_code == 1, verify.stderr
         assert verify.stdout.splitlines() == [
-            f"files changed since install ({venv}):",
+            f"files that differ from their RECORD ({venv}):",
             f"  alpha/models/llama.py (alpha): ∅ → {EDITED}",
         ]
     assert cli("verify", after).exit_code == 0
@@ -94,7 +95,7 @@ def test_deleted_added_and_upgraded(cli: Cli, venv: Path, wheelhouse: Path, tmp_
     assert diff.exit_code == 1
     lines = diff.stdout.splitlines()
     assert any(line.startswith("  alpha: 1.0 → 2.0, +") for line in lines), lines
-    assert "  alpha/models/mistral_debug.py (alpha): ∅ → added (not in RECORD)" in lines
+    assert "  alpha/models/mistral_debug.py (alpha): ∅ → added (not in its RECORD)" in lines
     assert "  beta/__init__.py (beta): ∅ → missing" in lines
     verify = cli("verify", before, "--json").json()
     assert verify["drift"] is True
@@ -121,8 +122,14 @@ def test_diff_of_two_venvs_on_different_paths_pairs_them(
     b = take(cli, venv, tmp_path / "b.json")
     diff = cli("diff", a, b)
     assert diff.exit_code == 1
-    assert "alpha/models/llama.py (alpha): ∅ → modified" in diff.stdout
-    assert "Python environments" not in diff.stdout
+    assert "alpha/models/llama.py (alpha): ∅ → differs from RECORD" in diff.stdout
+    assert "Python environments:" not in diff.stdout
+    # paired, and said so
+    assert (
+        f"note: the Python environments are at different paths: {base_venv} in {a}, {venv} in "
+        f"{b}; compared with each other"
+    ) in diff.stdout.splitlines()
+    assert cli("diff", a, b, "--json").json()["notes"] == [diff.stdout.splitlines()[-1][6:]]
 
 
 @pytest.mark.parametrize("extra", [(), ("--json",)])
@@ -224,3 +231,32 @@ def test_a_distribution_without_record_is_said_to_be_unchecked(
     assert "  no RECORD: beta-1.0.dist-info (beta 1.0): its files cannot be checked" in (
         result.stdout.splitlines()
     )
+
+
+def test_stray_files_are_named_with_the_distributions_sharing_their_folder(
+    cli: Cli, venv: Path, tmp_path: Path
+) -> None:
+    before = take(cli, venv, tmp_path / "before.json")
+    sp = site_packages(venv)
+    (sp / "shared" / "stray.py").write_text("x = 1\n")  # shared/ belongs to alpha and beta
+    (sp / "loose.py").write_text("y = 2\n")  # site-packages itself: nobody's folder
+    shown = cli("snapshot", "--python", venv, "--no-models", *SCOPE, "-o", tmp_path / "x.json")
+    assert "2 unrecorded" in shown.stdout
+    lines = shown.stdout.splitlines()
+    assert "  unrecorded: shared/stray.py (a folder of alpha & beta)" in lines
+    assert "  unrecorded: loose.py (no distribution)" in lines
+    verify = cli("verify", before)
+    assert verify.exit_code == 1
+    assert "  shared/stray.py (a folder of alpha & beta): ∅ → added (in no RECORD)" in (
+        verify.stdout.splitlines()
+    )
+    assert "  loose.py (no distribution): ∅ → added (in no RECORD)" in verify.stdout.splitlines()
+    data = cli("verify", before, "--json").json()
+    [files] = [g for g in data["groups"] if g["key"].startswith("files ")]
+    stray = next(c for c in files["changes"] if c["item"]["path"] == "shared/stray.py")
+    assert stray["item"]["folder_owners"] == ["alpha", "beta"]
+    assert stray["item"]["distribution"] is None
+    assert stray["before_fields"] is None
+    assert stray["after_fields"] == {
+        "status": "added", "size": 6, "sha256": hashlib.sha256(b"x = 1\n").hexdigest()
+    }  # fmt: skip

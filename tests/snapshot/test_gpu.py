@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.nvsmi import check_against_xml
 
 from envbuild.snapshot.gpu import GpuUnavailable, Nvml, PyNvml, read_gpus, unit_of_pid
 from envbuild.snapshot.model import GpuSection, load_snapshot
@@ -116,8 +117,8 @@ class TwoLinkedGpus(Nvml):
     def compute_capability(self, i: int) -> tuple[int, int]:
         return (9, 0)
 
-    def memory(self, i: int) -> tuple[int, int]:
-        return (143771 * MIB, 70 * 1024 * MIB if i else 0)
+    def memory(self, i: int) -> tuple[int, int, int | None]:
+        return (143771 * MIB, 70 * 1024 * MIB if i else 0, 616 * MIB)
 
     def processes(self, i: int) -> list[tuple[int, int | None]]:
         return [(self.pid, 70 * 1024 * MIB)] if i else []
@@ -213,7 +214,9 @@ def test_live_snapshot_agrees_with_live_nvidia_smi() -> None:
          "--format=csv"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    assert check_against_nvidia_smi(read_gpus(), xml_text, csv_text) >= 1
+    section = read_gpus()
+    assert check_against_nvidia_smi(section, xml_text, csv_text) >= 1
+    check_against_xml(section, xml_text)  # every fact, memory used and reserved included
 
 
 def topo_matrix(text: str) -> dict[tuple[int, int], str]:
@@ -253,3 +256,45 @@ def test_the_two_h200s_links_agree_with_nvidia_smi_topo() -> None:
             assert snap.gpu.gpus[link.a].nvlinks_active == int(cell[2:])
         else:
             assert link.link == _PCIE[cell]
+
+
+class OldPynvml:
+    """An nvidia-ml-py that knows only the oldest calls, on a GPU that supports few of them."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_FEATURE_ENABLED = 1
+    NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1, 2
+    NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC = 0, 1
+    NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 0, 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> object:
+        return ("handle", i)
+
+    def nvmlDeviceGetMemoryInfo(self, h: object, version: object = None) -> object:
+        assert version is None  # an nvidia-ml-py without nvmlMemory_v2 never asks for v2
+        return type("M", (), {"total": 8 << 30, "used": 1 << 30})()
+
+    def nvmlDeviceGetTemperature(self, h: object, sensor: int) -> int:
+        return 41
+
+    def nvmlDeviceGetEccMode(self, h: object) -> tuple[int, int]:
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetClockInfo(self, h: object, clock: int) -> int:
+        return {0: 1200, 1: 1200, 2: 5000}[clock]
+
+
+def test_an_old_nvidia_ml_py_gives_what_it_can_and_no_error() -> None:
+    lib = PyNvml()
+    lib._nv = OldPynvml()
+    assert lib.memory(0) == (8 << 30, 1 << 30, None)  # v1 only: used includes the reservation
+    config = lib.config(0)
+    assert config.ecc_pending is None and config.vbios_version is None
+    assert config.max_clocks_mhz == {} and config.pcie_width is None
+    state = lib.state(0)
+    assert state.temperature_c == 41
+    assert state.clocks_mhz == {"graphics": 1200, "sm": 1200, "mem": 5000}
+    assert state.performance_state is None and state.ecc_errors == {}

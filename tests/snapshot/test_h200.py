@@ -7,6 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+from support.recordednvml import h200
+
+from envbuild.snapshot import gpu
+from envbuild.snapshot.gpu import GpuUnavailable, PyNvml
+
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "h200-snapshot.json"
 
 
@@ -36,7 +42,7 @@ def test_driver_package_and_file_changes_are_grouped(cli: Any, tmp_path: Path) -
         torch = torch_of(data)
         torch["version"] = "2.12.0"
         torch["size_bytes"] += 3 * 2**20
-        torch["modified"] = [{"path": "torch/nn/functional.py", "reason": "sha256",
+        torch["modified"] = [{"path": "torch/nn/functional.py", "reason": "size",
                               "expected_size": 100, "actual_size": 120}]  # fmt: skip
 
     b = edited(tmp_path, "b.json", change)
@@ -49,10 +55,17 @@ def test_driver_package_and_file_changes_are_grouped(cli: Any, tmp_path: Path) -
     assert f"  driver: {driver} → 580.200.01" in lines
     assert "  CUDA driver API: 13.0 → 13.1" in lines
     assert f"  torch: {torch_of(old)['version']} → 2.12.0, +3.0 MiB" in lines
-    assert "  torch/nn/functional.py (torch): ∅ → modified (sha256, 100 → 120 B)" in lines
+    assert "  torch/nn/functional.py (torch): ∅ → differs from RECORD (size 100 → 120 B)" in lines
     data = cli("diff", FIXTURE, b, "--json").json()
+    [torch_change] = [c for g in data["groups"] if g["key"].startswith("packages ")
+                      for c in g["changes"] if c["subject"] == "torch"]  # fmt: skip
+    assert torch_change["item"] == {"kind": "package", "environment": "/opt/torch/.venv",
+                                    "name": "torch"}  # fmt: skip
+    assert torch_change["before_fields"]["version"] == torch_of(old)["version"]
+    assert torch_change["after_fields"]["version"] == "2.12.0"
+    assert torch_change["delta_bytes"] == 3 * 2**20
     assert [g["title"].split(" (")[0] for g in data["groups"]] == [
-        "driver, CUDA and GPUs", "packages", "files changed since install"
+        "driver, CUDA and GPUs", "packages", "files that differ from their RECORD"
     ]  # fmt: skip
 
 
@@ -70,19 +83,51 @@ def test_volatile_state_is_shown_but_not_counted(cli: Any, tmp_path: Path) -> No
     assert "taken_at" not in result.stdout
 
 
-def test_verifying_the_h200_manifest_here_reports_gpu_drift(cli: Any) -> None:
-    result = cli("verify", FIXTURE, "--quick")
+class NoDriver(PyNvml):
+    """A machine without an NVIDIA driver, wherever the test runs (CI, or the H200 itself)."""
+
+    def open(self) -> None:
+        raise GpuUnavailable("NVML: NVML Shared Library Not Found")
+
+
+def gone_venv(tmp_path: Path) -> Path:
+    """The fixture with its venv moved to a path that is surely not on this machine (the
+    device machine has /opt/torch/.venv, where the fixture was taken)."""
+    gone = str(tmp_path / "gone" / ".venv")
+    return edited(tmp_path, "h200.json", lambda d: d["pythons"][0].update(requested=gone))
+
+
+def test_verifying_the_h200_manifest_without_a_gpu_reports_gpu_drift(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gpu, "PyNvml", NoDriver)
+    manifest = gone_venv(tmp_path)
+    result = cli("verify", manifest, "--quick")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert "driver, CUDA and GPUs:" in lines
-    assert any(line.startswith("  NVML: available → not available (") for line in lines), lines
+    assert "  NVML: available → not available (NVML: NVML Shared Library Not Found)" in lines
     assert any(line.startswith("  gpu0: NVIDIA H200, cc 9.0, 140.4 GiB, GPU-") and
                line.endswith("→ ∅") for line in lines)  # fmt: skip
-    # the torch venv of the device machine is not here: one line, not one per package
-    assert any(line.startswith("  /opt/torch/.venv: cpython 3.12") for line in lines), lines
+    # the venv is not here: one line, not one per package
+    assert any(line.startswith(f"  {tmp_path}/gone/.venv: cpython 3.12") for line in lines), lines
     assert not any(line.startswith("  torch:") for line in lines)
     # only drift is printed: nothing volatile
     assert "state" not in result.stdout
-    data = cli("verify", FIXTURE, "--quick", "--json").json()
+    data = cli("verify", manifest, "--quick", "--json").json()
     assert data["drift"] is True
     assert all(g["counts"] for g in data["groups"])
+
+
+def test_verifying_the_h200_manifest_on_another_h200_names_the_other_card(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another H200 of the device tool (its NVML answers replayed): same model, other UUID."""
+    monkeypatch.setattr(gpu, "PyNvml", lambda: h200("idle"))
+    result = cli("verify", gone_venv(tmp_path), "--quick")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    old = json.loads(FIXTURE.read_text())["gpu"]["gpus"][0]["uuid"]
+    assert f"  gpu0: NVIDIA H200, cc 9.0, 140.4 GiB, {old} → NVIDIA H200, cc 9.0, 140.4 GiB, " \
+        f"{h200('idle').uuid(0)}" in lines  # fmt: skip
+    assert not any(line.startswith("  NVML:") for line in lines)

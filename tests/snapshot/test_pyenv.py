@@ -45,8 +45,10 @@ def test_a_debug_line_in_a_model_file_is_named_with_its_distribution(venv: Path,
     env = scan_env(str(venv), mode)  # type: ignore[arg-type]
     [changed] = dist(env, "alpha").modified
     assert changed.path == "alpha/models/llama.py"
-    assert changed.reason == "sha256"
+    assert changed.reason == "size"  # the size moved: both checks say so
     assert changed.actual_size == changed.expected_size + len("    print('DEBUG', h.shape)\n")
+    assert changed.sha256 == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert changed.written_after_record is True
     assert dist(env, "beta").modified == []
 
 

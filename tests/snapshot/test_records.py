@@ -119,13 +119,13 @@ def test_the_findings(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     early, late = by_name["early"], by_name["late"]
     assert [(m["path"], m["reason"]) for m in early["modified"]] == [
         ("early/huge.so", "sha256"),  # same size, other bytes: a big file's own job found it
-        ("early/m007.py", "sha256"),
-        ("early/odd.py", "sha256"),
+        ("early/m007.py", "size"),
+        ("early/odd.py", "size"),
         ("early/uni.py", "sha256"),
     ]
     assert early["missing"] == ["early/m008.py"]
     assert early["unrecorded"] == ["early/hack.py"]
-    assert [(m["path"], m["reason"]) for m in late["modified"]] == [("late/a.so", "sha256")]
+    assert [(m["path"], m["reason"]) for m in late["modified"]] == [("late/a.so", "size")]
     for clean in ("comma", "crlf", "crlfq"):
         assert by_name[clean]["modified"] == by_name[clean]["missing"] == [], clean
     assert by_name["comma"]["files"] == 5 + 2

@@ -16,5 +16,5 @@ def test_committed_schema_is_current() -> None:
 
 def test_schema_pins_the_version_and_forbids_unknown_keys() -> None:
     data = json.loads(SCHEMA_FILE.read_text())
-    assert data["properties"]["schema_version"]["const"] == 1
+    assert data["properties"]["schema_version"]["const"] == 2
     assert data["additionalProperties"] is False

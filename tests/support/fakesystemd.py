@@ -290,9 +290,9 @@ class FakeNvml(Nvml):
     def compute_capability(self, i: int) -> tuple[int, int]:
         return (9, 0)
 
-    def memory(self, i: int) -> tuple[int, int]:
+    def memory(self, i: int) -> tuple[int, int, int | None]:
         held = 100 * GIB * len(self.holders()) if i == 0 else 0
-        return (141 * GIB, held)
+        return (141 * GIB, held, 616 << 20)
 
     def processes(self, i: int) -> list[tuple[int, int | None]]:
         return [(pid, 100 * GIB) for pid in self.holders()] if i == 0 else []

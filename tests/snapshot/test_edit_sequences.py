@@ -1,0 +1,215 @@
+"""Property tests of the promise that drift stays visible: a generated sequence of edits
+(append, same-size rewrite, delete, add, a RECORD rewritten to hide an edit), some made before the
+snapshot and some after, on a real venv; every file whose bytes changed after the snapshot is
+named by verify and by diff, in every pair of check modes, and with no edit after the snapshot
+both say nothing changed (snapshots of one unchanged venv never differ). A second edit of a file
+that had already drifted when the snapshot was taken (the stale patch) is the case this guards.
+
+File modes are not part of a snapshot (RECORD records none), so chmod is not among the edits."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.recordednvml import h200
+
+from envbuild.diff import compare, render_text, snapshot_facts
+from envbuild.fsio import canonical_json
+from envbuild.snapshot import Options, take_snapshot
+from envbuild.verify import verify
+from snapshot.conftest import later, site_packages
+
+TARGETS = [
+    "alpha/models/llama.py",  # alpha's model file, the one a debugging session edits
+    "alpha/__init__.py",
+    "shared/common.py",  # listed by alpha and beta; holds beta's bytes
+    "alpha/models/extra.py",  # not in any RECORD: an added file in alpha's folder
+    "stray.py",  # in site-packages itself: no distribution's folder
+]
+OPS = ["append", "same-size", "delete", "record"]
+edits = st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(TARGETS), st.integers(1, 255)),
+                 max_size=4)  # fmt: skip
+modes = st.sampled_from(["full", "quick"])
+
+
+def apply(site: Path, op: str, target: str, n: int) -> None:
+    path = site / target
+    if op == "record":  # rewrite alpha's RECORD so that it matches the files as they are now
+        _rerecord(site, "alpha")
+        return
+    if op == "append":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            f.write(b"# edit %d\n" % n)
+    elif op == "same-size" and path.exists():
+        data = path.read_bytes()
+        if data:
+            path.write_bytes(bytes([(data[0] + n) % 256 or 1]) + data[1:])
+    elif op == "delete" and path.exists():
+        path.unlink()
+    if path.exists():
+        later(path)
+
+
+def _rerecord(site: Path, dist: str) -> None:
+    [info] = site.glob(f"{dist}-*.dist-info")
+    record = info / "RECORD"
+    out = []
+    for line in record.read_text().splitlines():
+        name = line.rsplit(",", 2)[0]
+        file = site / name
+        if name.endswith("RECORD") or not file.exists():
+            out.append(line)
+            continue
+        data = file.read_bytes()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        out.append(f"{name},sha256={digest},{len(data)}")
+    record.write_text("\n".join(out) + "\n")
+    later(record)
+
+
+def state(site: Path) -> dict[str, bytes | None]:
+    files = {t: (site / t).read_bytes() if (site / t).exists() else None for t in TARGETS}
+    [info] = site.glob("alpha-*.dist-info")
+    files["RECORD"] = (info / "RECORD").read_bytes()
+    return files
+
+
+def take(venv: Path, mode: str) -> Any:
+    return take_snapshot(
+        Options(pythons=[str(venv)], integrity=mode, docker=False, systemd=False, models=False,
+                nvml=h200("idle"))  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def named(
+    lines: list[str], before: dict[str, bytes | None], after: dict[str, bytes | None]
+) -> None:
+    """Each changed file is named, but one whose edit a rewritten RECORD now matches: the
+    snapshot holds the RECORD's digest, not its lines, so that edit is named as alpha's RECORD
+    changing."""
+    text = "\n".join(lines)
+    rerecorded = before["RECORD"] != after["RECORD"]
+    if rerecorded:
+        assert any(line.startswith("  alpha: ") and "RECORD" in line for line in lines), text
+    for target in TARGETS:
+        if before[target] != after[target] and not (rerecorded and _alphas(target)):
+            assert target in text, (target, text)
+
+
+def _alphas(target: str) -> bool:
+    return target.startswith("alpha/") or target == "shared/common.py"
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(before=edits, after=edits, first=modes, second=modes)
+def test_every_edit_after_the_snapshot_is_named_by_verify_and_diff(
+    base_venv: Path, before: list[Any], after: list[Any], first: str, second: str
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        venv = Path(tmp) / "venv"
+        shutil.copytree(base_venv, venv, symlinks=True)
+        cfg = venv / "pyvenv.cfg"
+        cfg.write_text(cfg.read_text().replace(str(base_venv), str(venv)))
+        site = site_packages(venv)
+        for edit in before:
+            apply(site, *edit)
+        manifest = Path(tmp) / "snap.json"
+        recorded = take(venv, first)
+        manifest.write_text(canonical_json(recorded.model_dump(mode="json")))
+        at_snapshot = state(site)
+
+        unchanged = verify(manifest, integrity=second, nvml=h200("idle"))  # type: ignore[arg-type]
+        assert not unchanged.drift, render_text(unchanged.diff)
+        again = compare(snapshot_facts(recorded, "a"), snapshot_facts(take(venv, second), "b"))
+        assert not again.different, render_text(again)
+
+        for edit in after:
+            apply(site, *edit)
+        now = state(site)
+        result = verify(manifest, integrity=second, nvml=h200("idle"))  # type: ignore[arg-type]
+        lines = render_text(result.diff, only_counted=True)
+        named(lines, at_snapshot, now)
+        diff = compare(snapshot_facts(recorded, "a"), snapshot_facts(take(venv, second), "b"))
+        named(render_text(diff, only_counted=True), at_snapshot, now)
+        if now == at_snapshot:
+            assert not result.drift and not diff.different, lines
+        elif (
+            any(at_snapshot[t] != now[t] for t in TARGETS) or at_snapshot["RECORD"] != now["RECORD"]
+        ):
+            assert result.drift and diff.different
+
+
+def test_a_second_edit_of_a_drifted_file_is_seen(base_venv: Path, tmp_path: Path) -> None:
+    """The stale patch: edited, snapshotted, edited again to the same size."""
+    venv = tmp_path / "venv"
+    shutil.copytree(base_venv, venv, symlinks=True)
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(str(base_venv), str(venv)))
+    model = site_packages(venv) / "alpha" / "models" / "llama.py"
+    model.write_text(model.read_text() + "print('patch 1')\n")
+    later(model)
+    manifest = tmp_path / "snap.json"
+    manifest.write_text(canonical_json(take(venv, "full").model_dump(mode="json")))
+    model.write_text(model.read_text().replace("patch 1", "patch 2"))
+    os.utime(model, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns + 4_000_000_000))
+    for mode in ("full", "quick"):
+        result = verify(manifest, integrity=mode, nvml=h200("idle"))  # type: ignore[arg-type]
+        assert result.drift
+        [line] = [x for x in render_text(result.diff) if "llama.py" in x]
+        assert line.startswith("  alpha/models/llama.py (alpha): differs from RECORD (size ")
+        assert ", sha256 " in line
+        [change] = [c for g in result.diff.groups for c in g.changes if "llama" in c.subject]
+        assert change.item == {
+            "kind": "file",
+            "environment": str(venv),
+            "path": "alpha/models/llama.py",
+            "distribution": "alpha",
+        }
+        assert change.before_fields and change.after_fields
+        assert change.before_fields["sha256"] != change.after_fields["sha256"]
+        assert change.after_fields["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+
+
+def test_a_record_wrong_as_shipped_reads_the_same_in_full_and_quick(
+    base_venv: Path, tmp_path: Path
+) -> None:
+    """pynvvideocodec 2.0.4's RECORD names sizes its files do not have: both checks must say the
+    same, so that `verify --quick` against a full manifest (and the reverse) finds no drift."""
+    venv = tmp_path / "venv"
+    shutil.copytree(base_venv, venv, symlinks=True)
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(str(base_venv), str(venv)))
+    site = site_packages(venv)
+    [info] = site.glob("alpha-*.dist-info")
+    record = info / "RECORD"
+    lines = record.read_text().splitlines()
+    lines = [
+        "alpha/__init__.py,sha256=" + "A" * 43 + ",999" if x.startswith("alpha/__init__.py,") else x
+        for x in lines
+    ]
+    record.write_text("\n".join(lines) + "\n")
+    later(record)  # the RECORD is newer than the file: wrong as shipped, not edited since
+    manifests = {}
+    for mode in ("full", "quick"):
+        snap = take(venv, mode)
+        [m] = next(d for d in snap.pythons[0].distributions if d.name == "alpha").modified
+        assert (m.path, m.reason, m.expected_size, m.written_after_record) == (
+            "alpha/__init__.py", "size", 999, False,
+        )  # fmt: skip
+        assert m.sha256 == hashlib.sha256((site / "alpha/__init__.py").read_bytes()).hexdigest()
+        manifests[mode] = tmp_path / f"{mode}.json"
+        manifests[mode].write_text(canonical_json(snap.model_dump(mode="json")))
+    for recorded, now in (("full", "quick"), ("quick", "full")):
+        result = verify(manifests[recorded], integrity=now, nvml=h200("idle"))  # type: ignore[arg-type]
+        assert not result.drift, render_text(result.diff)
