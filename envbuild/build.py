@@ -47,7 +47,7 @@ from envbuild.install import (
     wheel_files,
     write_venv,
 )
-from envbuild.lock import Lock, lock_path, read_lock
+from envbuild.lock import Lock, find_lock, read_lock
 from envbuild.lock.model import DebianBaseLock
 from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer, write_outputs
 from envbuild.plan import (
@@ -278,7 +278,7 @@ class BuildResult:
 
 def load_lock(loaded: LoadedSpec) -> tuple[Lock, str]:
     """The spec's lock and the sha256 of its bytes; refuses a lock made from another spec."""
-    path = lock_path(loaded)
+    path = find_lock(loaded)
     lock = read_lock(path)
     if lock.envbuild.spec_hash != loaded.spec_hash():
         raise UserError(

@@ -94,7 +94,7 @@ def test_the_build_writes_layout_archive_and_manifest(quickstart: Built) -> None
     assert kinds[0] == "base" and "venv" in kinds
     held = {d for layer in m["layers"] for d in layer["distributions"]}
     assert "rich==13.9.4" in held and "requests==2.32.3" in held
-    lock_bytes = (REPO / "lockfiles" / "quickstart.pylock.toml").read_bytes()
+    lock_bytes = (REPO / "lockfiles" / "pylock.quickstart.toml").read_bytes()
     assert m["lock_hash"] == hashlib.sha256(lock_bytes).hexdigest()
     assert m["spec_hash"] == load_spec(SPEC).spec_hash()
 
@@ -163,7 +163,7 @@ def _zstd_project(quickstart: Built, top: Path) -> Path:
         text.replace(debian, f'[base]\nkind = "rootfs"\npath = "../rootfs.tar"\n{pinned}\n')
     )
     loaded = load_spec(spec)
-    lock = read_lock(REPO / "lockfiles" / "quickstart.pylock.toml")
+    lock = read_lock(REPO / "lockfiles" / "pylock.quickstart.toml")
     ours = lock.tool.envbuild.model_copy(
         update={
             "spec_hash": loaded.spec_hash(),

@@ -223,7 +223,7 @@ def test_cuda_toolkit_matches_each_seed_spec() -> None:
         release = ".".join(loaded.spec.cuda.version.split(".")[:2])
         for tool in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl"):
             assert f"{tool}=={release}.*" in reqs, (name, reqs)
-        lock = tomllib.loads((REPO / "lockfiles" / f"{name}.pylock.toml").read_text())
+        lock = tomllib.loads((REPO / "lockfiles" / f"pylock.{name}.toml").read_text())
         versions = {p["name"]: p["version"] for p in lock["packages"]}
         for lib in ("nvidia-cublas", "nvidia-cusparse", "nvidia-cusolver"):
             assert f"{lib}=={versions[lib]}" in reqs, (name, lib)
