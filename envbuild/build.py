@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
@@ -35,7 +36,7 @@ from envbuild import image, layers, scratch
 from envbuild.builder import Builder, HostBuilder
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fetch import fetch_wheels
-from envbuild.fsio import canonical_json, sha256_file
+from envbuild.fsio import canonical_json, sha256_file, write_atomic
 from envbuild.install import (
     INSTALL_FORMAT,
     VenvTarget,
@@ -49,7 +50,14 @@ from envbuild.install import (
 )
 from envbuild.lock import Lock, find_lock, read_lock
 from envbuild.lock.model import DebianBaseLock
-from envbuild.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer, write_outputs
+from envbuild.manifest import (
+    OCI_DIR,
+    BaseResult,
+    BuildManifest,
+    BuiltLayer,
+    stored_layer,
+    write_outputs,
+)
 from envbuild.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -355,17 +363,74 @@ def build(
                 docker_archive=docker_archive,
                 source_builds=made.builds,
                 patches=made.patches,
+                created=image.created_for(lock.envbuild.exclude_newer),
+            )
+        with stage("sbom", timings):
+            made_wheels = {r.wheel.sha256: r.path for r in made.wheels.values()}
+            sbom_digest, sbom_key = _sbom(
+                plan, lock, manifest, store, low, made_wheels, out, progress
             )
         with stage("root", timings):
             store.set_root(
                 f"image-{plan.spec}",
-                blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
+                blobs=[
+                    manifest.image,
+                    manifest.config,
+                    *(b.digest for b in manifest.layers),
+                    sbom_digest,
+                ],
                 # the overlap report, a Debian resolution, the source builds and patched wheels
                 # too: gc must not make the next build redo them
-                derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
+                derivations=[
+                    *(layer.key for layer in plan.layers),
+                    *low.kept,
+                    *made.keys,
+                    sbom_key,
+                ],
             )
     result.manifest = manifest
     return result
+
+
+def _sbom(
+    plan: Plan,
+    lock: Lock,
+    manifest: BuildManifest,
+    store: Store,
+    low: _Lower,
+    made: dict[str, Path],
+    out: Path,
+    progress: Progress,
+) -> tuple[str, str]:
+    """The image's CycloneDX SBOM (:mod:`envbuild.sbom`): made once per build manifest and kept
+    in the store (a no-op rebuild reads no wheel), written beside the image and attached to its
+    OCI layout as a referrer. Returns the SBOM blob's digest and its derivation's key."""
+    from envbuild import sbom
+
+    created = image.created_for(lock.envbuild.exclude_newer)
+    inputs = {
+        "format": sbom.SBOM_FORMAT,
+        "manifest": canonical_json(manifest.model_dump(mode="json")),
+    }
+
+    def make() -> Output:
+        shas = [d.sha256 for layer in plan.layers for d in layer.dists if d.sha256 not in made]
+        wanted = [low.by_sha[sha] for sha in shas if sha in low.by_sha]
+        paths = {**fetch_wheels(wanted, store, progress=progress), **made}
+        data = sbom.make_sbom(
+            manifest, plan, lock, created=datetime.fromisoformat(created),
+            license_of=lambda sha: sbom.wheel_license(paths[sha]) if sha in paths else None,
+        )  # fmt: skip
+        return Output(outputs={"sbom": store.add_bytes(data)})
+
+    drv = store.build("sbom", inputs, make).drv
+    digest = drv.outputs["sbom"]
+    data = store.read_blob(digest)
+    if not (out / sbom.SBOM_FILE).is_file() or (out / sbom.SBOM_FILE).read_bytes() != data:
+        write_atomic(out / sbom.SBOM_FILE, data)
+    sbom.attach(out / OCI_DIR, data, created=created)
+    log.debug("sbom %s (key %s)", digest, drv.key[:12])
+    return digest, drv.key
 
 
 def source_builder(

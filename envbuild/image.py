@@ -13,8 +13,9 @@ Public API (stable; E and H build on it)::
     layout = read_oci_layout(dir)  # the one image of a layout: manifest, config, blob paths
 
 Every JSON document (config, manifest, index.json, Docker's manifest.json) is compact canonical
-JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times appear only
-when ``SOURCE_DATE_EPOCH`` is set (then every ``created`` is that time).
+JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times are inputs:
+a build dates its image with :func:`created_for` (``SOURCE_DATE_EPOCH``, else the lock's cutoff);
+without ``created`` only ``SOURCE_DATE_EPOCH`` dates one.
 
 The Docker archive is an OCI layout plus Docker's ``manifest.json`` in one deterministic tar.
 Docker before 23 cannot read zstd layers (``archive/tar: invalid tar header``, checked with 20.10),
@@ -176,12 +177,46 @@ def created_time() -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def config_json(layers: Sequence[Layer], config: ImageConfig, history: Sequence[History]) -> bytes:
-    """The OCI image config document, compact and canonical."""
+def created_for(cutoff: datetime) -> str:
+    """An image's ``created``: ``SOURCE_DATE_EPOCH`` when set, else the lock's cutoff
+    (``exclude_newer``: nothing in the image is newer), so the time is an input, never the
+    clock's, and ``docker images`` shows a real date instead of N/A."""
+    return created_time() or cutoff.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: Longest ``created_by`` a layer's history entry gets; past it the names end with "(+N more)".
+HISTORY_MAX = 200
+
+
+def layer_history(label: str, distributions: Sequence[str], *, limit: int = HISTORY_MAX) -> str:
+    """``created_by`` for a layer: ``label`` and the distributions it holds (``name==version``,
+    as given), cut at a name boundary with the count of those left out when past ``limit``
+    (the first is always named)."""
+    if not distributions:
+        return label
+    text = f"{label}: {distributions[0]}"
+    for i, dist in enumerate(distributions[1:], 1):
+        left = len(distributions) - i  # this one included
+        longer = f"{text}, {dist}"
+        if len(longer) + (len(f" (+{left - 1} more)") if left > 1 else 0) > limit:
+            return f"{text} (+{left} more)"
+        text = longer
+    return text
+
+
+def config_json(
+    layers: Sequence[Layer],
+    config: ImageConfig,
+    history: Sequence[History],
+    *,
+    created: str | None = None,
+) -> bytes:
+    """The OCI image config document, compact and canonical. ``created`` (RFC 3339) dates the
+    image and every history entry without its own; default ``SOURCE_DATE_EPOCH``, else none."""
     non_empty = sum(1 for h in history if not h.empty_layer)
     if history and non_empty != len(layers):
         raise ValueError(f"history names {non_empty} layers but the image has {len(layers)}")
-    created = created_time()
+    created = created or created_time()
     inner: dict[str, Any] = {
         "Env": [f"{k}={v}" for k, v in sorted(config.env.items())],
         "WorkingDir": config.workdir,
@@ -231,12 +266,13 @@ def write_image(
     layers: Sequence[Layer],
     config: ImageConfig,
     history: Sequence[History] = (),
+    created: str | None = None,
 ) -> Image:
     """Write the config and manifest blobs of an image of ``layers`` (bottom first)."""
     for layer in layers:
         if not store.has_blob(layer.digest):
             raise ManifestError(f"layer {layer.digest} is not in the store {store.root}")
-    cfg = config_json(layers, config, history)
+    cfg = config_json(layers, config, history, created=created)
     config_digest = store.add_bytes(cfg)
     man = manifest_json(config_digest, len(cfg), layers)
     return Image(
@@ -441,6 +477,8 @@ def read_oci_layout(
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{root} is not an OCI image layout: {exc}") from exc
     candidates = list(index.get("manifests") or [])
+    if not digest:  # an OCI 1.1 referrer (the SBOM) is listed with its artifactType: not an image
+        candidates = [m for m in candidates if not (isinstance(m, dict) and "artifactType" in m)]
     if digest:
         candidates = [m for m in candidates if m.get("digest") == digest] or [
             {"digest": digest, "mediaType": MANIFEST}

@@ -130,6 +130,7 @@ def write_outputs(
     docker_archive: bool = True,
     source_builds: list[SourceBuildRecord] | None = None,
     patches: list[PatchRecord] | None = None,
+    created: str | None = None,
 ) -> BuildManifest:
     ours = [built[layer.name] for layer in plan.layers]
     mine = [stored_layer(store, b) for b in ours]
@@ -143,11 +144,16 @@ def write_outputs(
     history = [
         *base.history,
         *(
-            image.History(created_by=f"envbuild {layer.kind} {layer.name}", comment=layer.key)
-            for layer in plan.layers
+            image.History(
+                created_by=image.layer_history(f"envbuild {b.kind} {b.name}", b.distributions),
+                comment=b.key,
+            )
+            for b in ours
         ),
     ]
-    img = image.write_image(store, layers=[*base.layers, *mine], config=config, history=history)
+    img = image.write_image(
+        store, layers=[*base.layers, *mine], config=config, history=history, created=created
+    )
     base_built = [
         BuiltLayer(
             name=f"base-{i}" if len(base.layers) > 1 else "base",
