@@ -541,9 +541,28 @@ class Loaded:
     archive: str
     image_id: str
     tags: list[str]
+    engine_version: str | None = None  # the engine's `docker version`, when it says
+    reads_zstd: bool | None = None  # whether that engine can pull images with zstd layers
+
+    def engine_note(self) -> str | None:
+        """What to say when the engine cannot pull zstd images (``load`` itself works with any
+        engine: the archive's layers are uncompressed)."""
+        if self.reads_zstd is not False:
+            return None
+        return (
+            f"this engine (Docker {self.engine_version}) cannot pull images with zstd layers "
+            "('archive/tar: invalid tar header'): this load works (its layers are "
+            "uncompressed), but for `docker pull` here build with --compression gzip"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"archive": self.archive, "image_id": self.image_id, "tags": self.tags}
+        return {
+            "archive": self.archive,
+            "image_id": self.image_id,
+            "tags": self.tags,
+            "engine_version": self.engine_version,
+            "reads_zstd": self.reads_zstd,
+        }
 
 
 def find_archive(path: Path) -> Path:
@@ -602,6 +621,7 @@ def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
         else:
             client = docker.from_env(version=API_VERSION, timeout=1800)
         client.ping()
+        engine_version = str(client.version().get("Version") or "") or None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         if client is not None:
             client.close()
@@ -619,4 +639,7 @@ def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
     if not images:
         raise EnvironmentFailure(f"the engine at {where} loaded no image from {archive}")
     image = images[0]
-    return Loaded(str(archive), str(image.id), sorted(image.tags))
+    from envbuild.engines import reads_zstd
+
+    zstd = reads_zstd("docker", engine_version) if engine_version else None
+    return Loaded(str(archive), str(image.id), sorted(image.tags), engine_version, zstd)
