@@ -99,6 +99,9 @@ def test_a_source_build_and_a_patch_land_in_the_image(
     first, manifest = project.build(cli, spec)
     store = Store(repo / "store")
     assert "source-build fixture-cext 1.0.0" in first.stderr and "built" in first.stderr
+    # zstd layers (the default): the build says which tools read them and how to get gzip
+    assert "layers are zstd: read by containerd >= 1.5, docker >= 23.0" in first.stderr
+    assert "build with --compression gzip for those" in first.stderr
 
     # the manifest records the source build's input key, flags, MAX_JOBS and audit
     (built,) = manifest["source_builds"]
