@@ -102,3 +102,61 @@ def test_a_hostile_layout_is_a_clear_error(tmp_path: Path, index, artifact, raw:
     path.write_bytes(body)
     with pytest.raises((ManifestError, IntegrityError)):
         sbom.read_attached(root)  # the digest no longer matches, or the document is wrong
+
+
+class _Registry:
+    """A registry API whose every answer is given (a subclass-free stand-in for RegistryApi's
+    one method the referrers code calls, plus its two names)."""
+
+    registry = "hostile.example"
+    repository = "r"
+
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        self.answers = answers
+
+    def request(self, method: str, path: str, accept: tuple[str, ...] = (), **_: object):
+        from email.message import Message
+
+        status, body = self.answers.get(path.split("/")[3], (404, b""))
+        return status, Message(), body
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    listing=json_values | st.binary(max_size=200),
+    manifest=json_values,
+    blob=st.binary(max_size=100),
+    status=st.sampled_from([200, 404, 500]),
+)
+def test_a_hostile_registry_referrer_is_refused_cleanly(
+    tmp_path: Path, listing, manifest, blob, status
+):
+    import hashlib
+
+    from envbuild.errors import RegistryError
+    from envbuild.registry.referrers import pull_referrers
+
+    root = _layout(tmp_path)
+    subject = "sha256:" + "0" * 64
+    body = listing if isinstance(listing, bytes) else json.dumps(listing).encode()
+    doc = json.dumps(manifest).encode()
+    desc = {"artifactType": sbom.MEDIA_TYPE, "digest": "sha256:" + hashlib.sha256(doc).hexdigest()}
+    answers = {
+        "referrers": (status, body),
+        "manifests": (200, doc),
+        "blobs": (200, blob),
+    }
+    try:
+        got = pull_referrers(_Registry(answers), subject, root, [sbom.MEDIA_TYPE])  # type: ignore[arg-type]
+    except (RegistryError, IntegrityError, ManifestError):
+        return
+    assert got == [] or all(d.startswith("sha256:") for d in got)
+    # and a listing that names a real-looking artifact whose manifest is arbitrary
+    answers["referrers"] = (200, json.dumps({"manifests": [desc]}).encode())
+    try:
+        pull_referrers(_Registry(answers), subject, root, [sbom.MEDIA_TYPE])  # type: ignore[arg-type]
+    except (RegistryError, IntegrityError, ManifestError):
+        return
+    raise AssertionError("an arbitrary manifest with no subject was accepted")
