@@ -76,14 +76,7 @@ def make_sbom(
     """The CycloneDX 1.6 JSON of the image ``manifest`` describes (see the module's doc);
     ``license_of`` maps a wheel's sha256 to its declared license."""
     from cyclonedx.contrib.license.factories import LicenseFactory
-    from cyclonedx.model import (
-        ExternalReference,
-        ExternalReferenceType,
-        HashAlgorithm,
-        HashType,
-        Property,
-        XsUri,
-    )
+    from cyclonedx.model import HashAlgorithm, HashType, Property, XsUri
     from cyclonedx.model.bom import Bom, BomMetaData
     from cyclonedx.model.bom_ref import BomRef
     from cyclonedx.model.component import (
@@ -172,12 +165,8 @@ def make_sbom(
                     properties=[Property(name="envbuild:layer", value="base")],
                 )
             )  # fmt: skip
-    tool = Component(
-        type=ComponentType.APPLICATION, name="envbuild", version=__version__,
-        bom_ref=BomRef("envbuild"),
-        external_references=[ExternalReference(type=ExternalReferenceType.VCS,
-                                               url=XsUri("https://github.com/envbuild/envbuild"))],
-    )  # fmt: skip
+    tool = Component(type=ComponentType.APPLICATION, name="envbuild", version=__version__,
+                     bom_ref=BomRef("envbuild"))  # fmt: skip
     meta = BomMetaData(component=subject, timestamp=created)
     meta.tools.components.add(tool)
     bom = Bom(serial_number=uuid.uuid5(_NS, manifest.image), metadata=meta, components=parts)
