@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
@@ -47,12 +48,13 @@ from envbuild.install import (
     wheel_files,
     write_venv,
 )
-from envbuild.lock import Lock, lock_path, read_lock
+from envbuild.lock import Lock, find_lock, read_lock
 from envbuild.lock.model import DebianBaseLock
 from envbuild.manifest import (
     BaseResult,
     BuildManifest,
     BuiltLayer,
+    Sbom,
     output_files,
     stored_layer,
     write_outputs,
@@ -287,7 +289,7 @@ class BuildResult:
 
 def load_lock(loaded: LoadedSpec) -> tuple[Lock, str]:
     """The spec's lock and the sha256 of its bytes; refuses a lock made from another spec."""
-    path = lock_path(loaded)
+    path = find_lock(loaded)
     lock = read_lock(path)
     if lock.envbuild.spec_hash != loaded.spec_hash():
         raise UserError(
@@ -356,6 +358,14 @@ def build(
             _layers(top, store, low, progress, result)
         with stage("links", timings):
             _links(loaded, plan, store, low, blobs, progress)
+        made_wheels = {r.wheel.sha256: r.path for r in made.wheels.values()}
+        sbom_keys: list[str] = []
+
+        def sbom_of(built_manifest: BuildManifest) -> Sbom:
+            made_sbom, key = _sbom(plan, lock, built_manifest, store, low, made_wheels, progress)
+            sbom_keys.append(key)
+            return made_sbom
+
         # two builds into one folder take turns, each writing the folder and then its root
         with store.lock_output(out):
             with stage("image", timings):
@@ -369,6 +379,8 @@ def build(
                     docker_archive=docker_archive,
                     source_builds=made.builds,
                     patches=made.patches,
+                    created=image.created_for(lock.envbuild.exclude_newer),
+                    sbom=sbom_of,
                 )
             with stage("root", timings):
                 # one root per output folder, as Nix has one per out-link: it keeps what the
@@ -376,9 +388,14 @@ def build(
                 store.set_root(
                     output_root_name(out),
                     blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
-                    # the overlap report, a Debian resolution, the source builds and patched wheels
-                    # too: gc must not make the next build redo them
-                    derivations=[*(layer.key for layer in plan.layers), *low.kept, *made.keys],
+                    # the overlap report, a Debian resolution, the source builds and patched
+                    # wheels, the SBOM too: gc must not make the next build redo them
+                    derivations=[
+                        *(layer.key for layer in plan.layers),
+                        *low.kept,
+                        *made.keys,
+                        *sbom_keys,
+                    ],
                     output=out,
                     image=manifest.image,
                     files=output_files(out, manifest),
@@ -386,6 +403,62 @@ def build(
     result.manifest = manifest
     result.wall = time.perf_counter() - start
     return result
+
+
+def _sbom(
+    plan: Plan,
+    lock: Lock,
+    manifest: BuildManifest,
+    store: Store,
+    low: _Lower,
+    made: dict[str, Path],
+    progress: Progress,
+) -> tuple[Sbom, str]:
+    """The image's CycloneDX SBOM (:mod:`envbuild.sbom`) and its OCI 1.1 referrer, all three
+    blobs (document, empty config, artifact manifest) made once per build manifest and kept in
+    the store (a no-op rebuild reads no wheel). Returns them and the derivation's key;
+    :func:`~envbuild.manifest.write_outputs` puts them into the output folder."""
+    from envbuild import sbom
+
+    created = image.created_for(lock.envbuild.exclude_newer)
+    inputs = {
+        "format": sbom.SBOM_FORMAT,
+        "manifest": canonical_json(manifest.model_dump(mode="json")),
+    }
+
+    def make() -> Output:
+        shas = [d.sha256 for layer in plan.layers for d in layer.dists if d.sha256 not in made]
+        wanted = [low.by_sha[sha] for sha in shas if sha in low.by_sha]
+        paths = {**fetch_wheels(wanted, store, progress=progress), **made}
+        data = sbom.make_sbom(
+            manifest, plan, lock, created=datetime.fromisoformat(created),
+            license_of=lambda sha: sbom.wheel_license(paths[sha]) if sha in paths else None,
+        )  # fmt: skip
+        subject = {"mediaType": image.MANIFEST, "digest": manifest.image,
+                   "size": store.blob_path(manifest.image).stat().st_size}  # fmt: skip
+        art = sbom.artifact_manifest(subject, data, created=created)
+        return Output(
+            outputs={
+                "sbom": store.add_bytes(data),
+                "config": store.add_bytes(sbom.EMPTY_JSON),
+                "manifest": store.add_bytes(art),
+            }
+        )
+
+    drv = store.build("sbom", inputs, make).drv
+    data = store.read_blob(drv.outputs["sbom"])
+    art = drv.outputs["manifest"]
+    referrer = image.Referrer(
+        descriptor={
+            "mediaType": sbom.OCI_MANIFEST,
+            "artifactType": sbom.MEDIA_TYPE,
+            "digest": art,
+            "size": store.blob_path(art).stat().st_size,
+        },
+        blobs=(drv.outputs["sbom"], drv.outputs["config"], art),
+    )
+    log.debug("sbom %s (key %s)", drv.outputs["sbom"], drv.key[:12])
+    return Sbom(data=data, referrer=referrer), drv.key
 
 
 def source_builder(

@@ -1,15 +1,19 @@
 """`envbuild dockerfile`: the same image as a Dockerfile, for teams that build with docker and as
 the peer of ``envbuild build`` in the benchmark.
 
-The Dockerfile starts FROM the base (``debian:<suite>`` or the digest-pinned image), installs
-the spec's apt packages, then the lock's wheels with uv (``--require-hashes``) into the same
-venv, and sets the same env, command and labels as :func:`envbuild.plan.image_config`.
+The Dockerfile starts FROM the base (``debian:<suite>``, or an image pinned by the digest its
+lock records), installs the Debian base lock's packages at their locked versions (the spec's
+apt packages when the lock pins none), then the lock's wheels with uv (``--require-hashes``) into
+the same venv, and sets the same env, command and labels as :func:`envbuild.plan.image_config`.
+It has no ``# syntax=`` line: that makes BuildKit fetch a frontend image, and the Dockerfile
+uses nothing the built-in frontends (BuildKit's and the classic builder's) lack.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +25,7 @@ from envbuild.errors import ManifestError, UserError
 from envbuild.fsio import atomic_writer
 from envbuild.install import uv_version
 from envbuild.lock import Lock
+from envbuild.lock.model import DebianBaseLock, ImageBaseLock
 from envbuild.manifest import MANIFEST_FILE, BuildManifest
 from envbuild.plan import image_config, select_wheels
 from envbuild.spec import LoadedSpec
@@ -107,11 +112,15 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def base_ref(loaded: LoadedSpec) -> str:
+def base_ref(loaded: LoadedSpec, lock: Lock | None = None) -> str:
+    """What the Dockerfile starts FROM: an image base pinned by the digest its lock records."""
     base = loaded.spec.base
     if base.kind == "debian":
         return f"debian:{base.suite}"
     if base.kind == "image":
+        locked = lock.envbuild.base if lock is not None else None
+        if isinstance(locked, ImageBaseLock):
+            return f"{locked.ref.split('@', 1)[0]}@{locked.digest}"
         return base.ref
     if base.kind == "rootfs":
         return "scratch"
@@ -125,6 +134,26 @@ def base_tarball(loaded: LoadedSpec) -> Path | None:
     """A rootfs base's tarball (the Dockerfile ADDs it to ``scratch`` from :data:`BASE_DIR`)."""
     base = loaded.spec.base
     return (loaded.path.parent / base.path).resolve() if base.kind == "rootfs" else None
+
+
+def apt_packages(loaded: LoadedSpec, lock: Lock) -> tuple[list[str], bool]:
+    """The apt-get install arguments for a Debian base, and whether they are pinned: every
+    package of the base lock as ``name=version`` (and python3-venv, which the Dockerfile needs
+    for uv, at its Python's locked version), or the spec's packages when the lock pins none."""
+    base = loaded.spec.base
+    if base.kind != "debian":
+        return [], False
+    locked = lock.envbuild.base
+    if not isinstance(locked, DebianBaseLock) or not locked.packages:
+        return sorted({*base.packages, "python3-venv"}), False
+    versions = {p.name: p.version for p in locked.packages}
+    pins = dict(versions)
+    for name, version in versions.items():  # python3 -> python3-venv, python3.11 -> -venv
+        if (
+            name == "python3" or re.fullmatch(r"python3\.\d+", name)
+        ) and f"{name}-venv" not in pins:
+            pins[f"{name}-venv"] = version
+    return [f"{name}={pins[name]}" for name in sorted(pins)], True
 
 
 def render_dockerfile(
@@ -149,10 +178,7 @@ def render_dockerfile(
     requirements += [f"{w.dist}=={w.version} --hash=sha256:{w.sha256}" for w in extra]
     requirements.sort()
     config = image_config(spec, spec_hash=loaded.spec_hash(), lock_hash=lock_hash)
-    base = spec.base
-    apt = sorted(base.packages) if base.kind == "debian" else []
-    if base.kind == "debian" and "python3-venv" not in apt:
-        apt = sorted({*apt, "python3-venv"})
+    apt, pinned = apt_packages(loaded, lock)
     indexes = [i.url for i in lock.envbuild.indexes]
     tarball = base_tarball(loaded)
     text = (
@@ -164,7 +190,8 @@ def render_dockerfile(
             spec_hash=loaded.spec_hash(),
             lock_file=lock_file,
             lock_hash=lock_hash,
-            base_ref=base_ref(loaded),
+            base_ref=base_ref(loaded, lock),
+            apt_pinned=pinned,
             base_tarball=f"{BASE_DIR}/{tarball.name}" if tarball else None,
             apt_packages=apt,
             uv_version=uv_version().split()[1],
@@ -182,7 +209,7 @@ def render_dockerfile(
             wheels_dir=WHEELS_DIR,
         )
     )
-    return Dockerfile(text, base_ref(loaded), requirements, extra)
+    return Dockerfile(text, base_ref(loaded, lock), requirements, extra)
 
 
 def copy_base(loaded: LoadedSpec, dest: Path) -> Path | None:

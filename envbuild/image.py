@@ -13,8 +13,9 @@ Public API (stable; E and H build on it)::
     layout = read_oci_layout(dir)  # the one image of a layout: manifest, config, blob paths
 
 Every JSON document (config, manifest, index.json, Docker's manifest.json) is compact canonical
-JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times appear only
-when ``SOURCE_DATE_EPOCH`` is set (then every ``created`` is that time).
+JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times are inputs:
+a build dates its image with :func:`created_for` (``SOURCE_DATE_EPOCH``, else the lock's cutoff);
+without ``created`` only ``SOURCE_DATE_EPOCH`` dates one.
 
 The Docker archive is an OCI layout plus Docker's ``manifest.json`` in one deterministic tar.
 Docker before 23 cannot read zstd layers (``archive/tar: invalid tar header``, checked with 20.10),
@@ -177,12 +178,46 @@ def created_time() -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def config_json(layers: Sequence[Layer], config: ImageConfig, history: Sequence[History]) -> bytes:
-    """The OCI image config document, compact and canonical."""
+def created_for(cutoff: datetime) -> str:
+    """An image's ``created``: ``SOURCE_DATE_EPOCH`` when set, else the lock's cutoff
+    (``exclude_newer``: nothing in the image is newer), so the time is an input, never the
+    clock's, and ``docker images`` shows a real date instead of N/A."""
+    return created_time() or cutoff.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+#: Longest ``created_by`` a layer's history entry gets; past it the names end with "(+N more)".
+HISTORY_MAX = 200
+
+
+def layer_history(label: str, distributions: Sequence[str], *, limit: int = HISTORY_MAX) -> str:
+    """``created_by`` for a layer: ``label`` and the distributions it holds (``name==version``,
+    as given), cut at a name boundary with the count of those left out when past ``limit``
+    (the first is always named)."""
+    if not distributions:
+        return label
+    text = f"{label}: {distributions[0]}"
+    for i, dist in enumerate(distributions[1:], 1):
+        left = len(distributions) - i  # this one included
+        longer = f"{text}, {dist}"
+        if len(longer) + (len(f" (+{left - 1} more)") if left > 1 else 0) > limit:
+            return f"{text} (+{left} more)"
+        text = longer
+    return text
+
+
+def config_json(
+    layers: Sequence[Layer],
+    config: ImageConfig,
+    history: Sequence[History],
+    *,
+    created: str | None = None,
+) -> bytes:
+    """The OCI image config document, compact and canonical. ``created`` (RFC 3339) dates the
+    image and every history entry without its own; default ``SOURCE_DATE_EPOCH``, else none."""
     non_empty = sum(1 for h in history if not h.empty_layer)
     if history and non_empty != len(layers):
         raise ValueError(f"history names {non_empty} layers but the image has {len(layers)}")
-    created = created_time()
+    created = created or created_time()
     inner: dict[str, Any] = {
         "Env": [f"{k}={v}" for k, v in sorted(config.env.items())],
         "WorkingDir": config.workdir,
@@ -232,12 +267,13 @@ def write_image(
     layers: Sequence[Layer],
     config: ImageConfig,
     history: Sequence[History] = (),
+    created: str | None = None,
 ) -> Image:
     """Write the config and manifest blobs of an image of ``layers`` (bottom first)."""
     for layer in layers:
         if not store.has_blob(layer.digest):
             raise ManifestError(f"layer {layer.digest} is not in the store {store.root}")
-    cfg = config_json(layers, config, history)
+    cfg = config_json(layers, config, history, created=created)
     config_digest = store.add_bytes(cfg)
     man = manifest_json(config_digest, len(cfg), layers)
     return Image(
@@ -271,10 +307,19 @@ def uncompressed_variant(store: Store, image: Image) -> Image:
     )
 
 
-def index_json(image: Image, ref_name: str | None) -> bytes:
-    return compact_json(
-        {"schemaVersion": 2, "mediaType": INDEX, "manifests": [image.descriptor(ref_name)]}
-    )
+@dataclass(frozen=True)
+class Referrer:
+    """An OCI 1.1 artifact about the image (its SBOM): the descriptor ``index.json`` lists after
+    the image (with its ``artifactType``, so readers that want the image skip it) and the store
+    blobs it is made of."""
+
+    descriptor: dict[str, Any]
+    blobs: tuple[str, ...]
+
+
+def index_json(image: Image, ref_name: str | None, referrers: Sequence[Referrer] = ()) -> bytes:
+    manifests = [image.descriptor(ref_name), *(r.descriptor for r in referrers)]
+    return compact_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests})
 
 
 def write_oci_layout(
@@ -284,20 +329,22 @@ def write_oci_layout(
     *,
     ref_name: str | None,
     keep: Callable[[Path], bool] | None = None,
+    referrers: Sequence[Referrer] = (),
 ) -> Path:
     """Write ``image`` as an OCI image layout in ``out_dir`` (blobs hardlinked from the store,
     copied across file systems). Every blob is checked first (:meth:`Store.verified_path`): a
     corrupt one stops the write. A blob already in ``out_dir`` stays when it is the store's own
     file (a hard link) or ``keep(path)`` says it is unchanged since it was written; any other is
     replaced. Blobs of an earlier image in ``blobs/`` are removed; other files in ``out_dir``
-    are left alone. ``index.json`` is written last."""
+    are left alone. ``referrers`` (the SBOM) are store blobs placed and listed the same way.
+    ``index.json`` is written last."""
     out_dir = Path(out_dir)
     blob_dir = out_dir / "blobs" / "sha256"
     try:
         blob_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create {blob_dir}: {exc.strerror}") from exc
-    wanted = set(image.blobs())
+    wanted = set(image.blobs()) | {d for r in referrers for d in r.blobs}
     for path in blob_dir.iterdir():
         if f"sha256:{path.name}" not in wanted:
             path.unlink()
@@ -307,7 +354,7 @@ def write_oci_layout(
         if _place_blob(src, dest, digest, keep):
             store.linked(digest)
     write_atomic(out_dir / "oci-layout", OCI_LAYOUT)
-    write_atomic(out_dir / "index.json", index_json(image, ref_name))
+    write_atomic(out_dir / "index.json", index_json(image, ref_name, referrers))
     return out_dir
 
 
@@ -316,7 +363,9 @@ def _blob_role(image: Image, digest: str) -> str:
         return "the image manifest"
     if digest == image.config_digest:
         return "the image config"
-    return "a layer"
+    if digest in image.blobs():
+        return "a layer"
+    return "the SBOM"
 
 
 def _place_blob(src: Path, dest: Path, digest: str, keep: Callable[[Path], bool] | None) -> bool:
@@ -516,6 +565,8 @@ def read_oci_layout(
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{root} is not an OCI image layout: {exc}") from exc
     candidates = list(index.get("manifests") or [])
+    if not digest:  # an OCI 1.1 referrer (the SBOM) is listed with its artifactType: not an image
+        candidates = [m for m in candidates if not (isinstance(m, dict) and "artifactType" in m)]
     if digest:
         candidates = [m for m in candidates if m.get("digest") == digest] or [
             {"digest": digest, "mediaType": MANIFEST}
@@ -578,9 +629,28 @@ class Loaded:
     archive: str
     image_id: str
     tags: list[str]
+    engine_version: str | None = None  # the engine's `docker version`, when it says
+    reads_zstd: bool | None = None  # whether that engine can pull images with zstd layers
+
+    def engine_note(self) -> str | None:
+        """What to say when the engine cannot pull zstd images (``load`` itself works with any
+        engine: the archive's layers are uncompressed)."""
+        if self.reads_zstd is not False:
+            return None
+        return (
+            f"this engine (Docker {self.engine_version}) cannot pull images with zstd layers "
+            "('archive/tar: invalid tar header'): this load works (its layers are "
+            "uncompressed), but for `docker pull` here build with --compression gzip"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"archive": self.archive, "image_id": self.image_id, "tags": self.tags}
+        return {
+            "archive": self.archive,
+            "image_id": self.image_id,
+            "tags": self.tags,
+            "engine_version": self.engine_version,
+            "reads_zstd": self.reads_zstd,
+        }
 
 
 def find_archive(path: Path) -> Path:
@@ -647,6 +717,7 @@ def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
         else:
             client = docker.from_env(version=API_VERSION, timeout=1800)
         client.ping()
+        engine_version = str(client.version().get("Version") or "") or None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         if client is not None:
             client.close()
@@ -664,4 +735,7 @@ def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
     if not images:
         raise EnvironmentFailure(f"the engine at {where} loaded no image from {archive}")
     image = images[0]
-    return Loaded(str(archive), str(image.id), sorted(image.tags))
+    from envbuild.engines import reads_zstd
+
+    zstd = reads_zstd("docker", engine_version) if engine_version else None
+    return Loaded(str(archive), str(image.id), sorted(image.tags), engine_version, zstd)

@@ -35,6 +35,9 @@ log = logging.getLogger("envbuild.install")
 
 #: Bumped whenever the installed tree for the same inputs would change.
 INSTALL_FORMAT = 1
+#: Bumped whenever the venv layer (pyvenv.cfg, bin/python*) would change: 2 dropped the
+#: ``command = … -m venv`` line of pyvenv.cfg, which claimed a tool that never ran.
+VENV_FORMAT = 2
 
 
 @dataclass(frozen=True, order=True)
@@ -527,8 +530,7 @@ def write_venv(root: Path, target: VenvTarget) -> None:
         "include-system-site-packages = false\n"
         f"version = {target.python_version}\n"
         f"executable = {interp}\n"
-        f"command = {interp} -m venv {target.venv}\n"
-    )
+    )  # no `command` line: `python -m venv` did not make this venv, envbuild did (VENV_FORMAT 2)
     (prefix / "pyvenv.cfg").write_text(cfg)
     for link, to in (
         ("python", str(interp)),

@@ -126,6 +126,19 @@ class BuildManifest(_Model):
 # --- the image --------------------------------------------------------------------------------
 
 OCI_DIR = "oci"
+#: The image's CycloneDX SBOM beside its layout (:mod:`envbuild.sbom`).
+SBOM_FILE = "sbom.cdx.json"
+
+
+@dataclass(frozen=True)
+class Sbom:
+    """What an output folder holds about its image besides the image: the SBOM document (the
+    folder's ``sbom.cdx.json``) and the OCI 1.1 referrer that carries it in the layout."""
+
+    data: bytes
+    referrer: image.Referrer
+
+
 MANIFEST_FILE = "build-manifest.json"
 
 
@@ -140,7 +153,13 @@ def write_outputs(
     docker_archive: bool = True,
     source_builds: list[SourceBuildRecord] | None = None,
     patches: list[PatchRecord] | None = None,
+    created: str | None = None,
+    sbom: Callable[[BuildManifest], Sbom] | None = None,
 ) -> BuildManifest:
+    """Write the image of ``plan`` into the output folder ``out`` (the OCI layout, the docker
+    archive, ``sbom(manifest)``'s document and referrer) and its build manifest last: a folder
+    with a manifest holds all of it. A folder that already holds this very image is left as it
+    is."""
     ours = [built[layer.name] for layer in plan.layers]
     mine = [stored_layer(store, b) for b in ours]
     config = image.ImageConfig(
@@ -153,11 +172,16 @@ def write_outputs(
     history = [
         *base.history,
         *(
-            image.History(created_by=f"envbuild {layer.kind} {layer.name}", comment=layer.key)
-            for layer in plan.layers
+            image.History(
+                created_by=image.layer_history(f"envbuild {b.kind} {b.name}", b.distributions),
+                comment=b.key,
+            )
+            for b in ours
         ),
     ]
-    img = image.write_image(store, layers=[*base.layers, *mine], config=config, history=history)
+    img = image.write_image(
+        store, layers=[*base.layers, *mine], config=config, history=history, created=created
+    )
     base_built = [
         BuiltLayer(
             name=f"base-{i}" if len(base.layers) > 1 else "base",
@@ -174,6 +198,8 @@ def write_outputs(
     outputs = {"oci_layout": OCI_DIR, "manifest": MANIFEST_FILE}
     if docker_archive:
         outputs["docker_archive"] = image.DOCKER_ARCHIVE
+    if sbom is not None:
+        outputs["sbom"] = SBOM_FILE
     manifest = BuildManifest(
         generator=f"envbuild {__version__}",
         spec=plan.spec,
@@ -191,14 +217,25 @@ def write_outputs(
     )
     # the caller holds store.lock_output(out) until the folder's root is written too
     _sweep_temps(out)
+    made = sbom(manifest) if sbom is not None else None
+    referrers = [made.referrer] if made is not None else []
     root = store.get_root(output_root_name(out))
-    if _up_to_date(store, out, manifest, img, plan.spec, root):
+    if _up_to_date(store, out, manifest, img, plan.spec, root, made):
         log.debug("%s is up to date", out)
         return manifest
     _invalidate(out)
     image.write_oci_layout(
-        store, img, out / OCI_DIR, ref_name=plan.spec, keep=_unchanged(out, root, manifest)
+        store,
+        img,
+        out / OCI_DIR,
+        ref_name=plan.spec,
+        keep=_unchanged(out, root, manifest),
+        referrers=referrers,
     )
+    if made is not None:
+        write_atomic(out / SBOM_FILE, made.data)
+    else:
+        (out / SBOM_FILE).unlink(missing_ok=True)  # it would describe another image
     archive = out / image.DOCKER_ARCHIVE
     if docker_archive:
         image.write_docker_archive(store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"])
@@ -215,8 +252,14 @@ def output_files(out: Path, manifest: BuildManifest) -> dict[str, str]:
     names = [MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"]
     if "docker_archive" in manifest.outputs:
         names.append(image.DOCKER_ARCHIVE)
+    if "sbom" in manifest.outputs:
+        names.append(SBOM_FILE)
     blob_dir = f"{OCI_DIR}/blobs/sha256"
-    names += [f"{blob_dir}/{name}" for name in _image_blobs(manifest)]
+    try:  # the image's blobs and its referrers': the layout holds no others once written
+        held = sorted(p.name for p in (out / blob_dir).iterdir())
+    except OSError:
+        held = []
+    names += [f"{blob_dir}/{name}" for name in held]
     stamps = {}
     for name in names:
         try:
@@ -226,11 +269,17 @@ def output_files(out: Path, manifest: BuildManifest) -> dict[str, str]:
     return stamps
 
 
-def _image_blobs(manifest: BuildManifest) -> list[str]:
+def _image_blobs(manifest: BuildManifest, sbom: Sbom | None = None) -> list[str]:
+    referred = sbom.referrer.blobs if sbom is not None else ()
     return sorted(
         {
             d.split(":", 1)[1]
-            for d in (manifest.image, manifest.config, *(x.digest for x in manifest.layers))
+            for d in (
+                manifest.image,
+                manifest.config,
+                *(x.digest for x in manifest.layers),
+                *referred,
+            )
         }
     )
 
@@ -242,13 +291,14 @@ def _up_to_date(
     img: image.Image,
     ref_name: str,
     root: Root | None,
+    sbom: Sbom | None = None,
 ) -> bool:
     """The output dir already holds this very image, unchanged since this store wrote it (a
     no-op rebuild writes nothing)."""
     # byte for byte (what a build writes there is canonical), read no further than that: a
     # folder's files are not parsed, so whatever they hold cannot crash the check
     want = canonical_json(manifest.model_dump(mode="json")).encode()
-    want_index = image.index_json(img, ref_name)
+    want_index = image.index_json(img, ref_name, [sbom.referrer] if sbom is not None else [])
     try:
         if (
             _head(out / MANIFEST_FILE, len(want)) != want
@@ -260,6 +310,14 @@ def _up_to_date(
         return False
     if (out / image.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs):
         return False
+    if sbom is not None:
+        try:
+            if _head(out / SBOM_FILE, len(sbom.data)) != sbom.data:
+                return False
+        except OSError:
+            return False
+    elif (out / SBOM_FILE).exists():
+        return False
     if root is None or root.image != manifest.image or root.output != str(out.absolute()):
         return False
     unchanged = _unchanged(out, root, manifest)
@@ -269,7 +327,7 @@ def _up_to_date(
     if "docker_archive" in manifest.outputs and not unchanged(out / image.DOCKER_ARCHIVE):
         return False
     blob_dir = out / OCI_DIR / "blobs" / "sha256"
-    for name in _image_blobs(manifest):
+    for name in _image_blobs(manifest, sbom):
         digest = f"sha256:{name}"
         dest = blob_dir / name
         try:

@@ -25,7 +25,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.errors import ManifestError, UserError
-from envbuild.install import INSTALL_FORMAT, VenvTarget, WheelRef
+from envbuild.install import INSTALL_FORMAT, VENV_FORMAT, VenvTarget, WheelRef
 from envbuild.lock.model import Lock
 from envbuild.spec.model import SECRET_REF, Spec
 from envbuild.store import derivation_key
@@ -288,6 +288,8 @@ def layer_plan(
             "dists": [w.key() for w in members],
             "overlaps": loses,
         }
+        if kind == "venv":
+            inputs["venv_format"] = VENV_FORMAT
         return PlanLayer(
             name=name,
             kind=kind,

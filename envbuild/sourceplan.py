@@ -367,11 +367,11 @@ class StoredOutput(_Model):
 
 
 def _loaded_and_lock(spec: Path) -> tuple[LoadedSpec, Lock]:
-    from envbuild.lock import lock_path, read_lock
+    from envbuild.lock import find_lock, read_lock
     from envbuild.spec.load import load_spec
 
     loaded = load_spec(spec)
-    return loaded, read_lock(lock_path(loaded))
+    return loaded, read_lock(find_lock(loaded))
 
 
 def plan_for_spec(spec: Path) -> list[PlannedDerivation]:

@@ -13,7 +13,7 @@ from envbuild.apply.generations import Generation, list_generations
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvbuildError, InputFileError, ManifestError, UserError
 from envbuild.fsio import sha256_bytes
-from envbuild.lock import Lock, lock_path
+from envbuild.lock import Lock, find_lock
 from envbuild.lock import loads as parse_lock
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.spec.model import Spec
@@ -48,7 +48,7 @@ class ApplyInput:
 
 def from_spec(path: Path | str, *, lock: Path | None = None) -> ApplyInput:
     loaded = load_spec(path)
-    lock_file = lock or lock_path(loaded)
+    lock_file = lock or find_lock(loaded)
     shown = loaded.display(lock_file)
     text = _read_lock_text(lock_file, shown, loaded.display(loaded.path))
     parsed = parse_lock(text, shown)

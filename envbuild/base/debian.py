@@ -32,7 +32,7 @@ from envbuild import proc, scratch
 from envbuild.base.model import DEFAULT_PATH, BaseImage
 from envbuild.base.tarsafe import tar_entries
 from envbuild.errors import IntegrityError
-from envbuild.image import History, ImageConfig
+from envbuild.image import History, ImageConfig, layer_history
 from envbuild.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer
 from envbuild.lock.model import DebianBaseLock, DebianPackageLock
 from envbuild.store import Output, Store
@@ -262,8 +262,11 @@ def build(
         config=ImageConfig(architecture=arch, env={"PATH": DEFAULT_PATH}),
         history=[
             History(
-                created_by=f"envbuild: debian {pinned.suite} {pinned.variant} (mmdebstrap), "
-                f"{len(pinned.packages)} packages"
+                created_by=layer_history(
+                    f"envbuild: debian {pinned.suite} {pinned.variant} (mmdebstrap), "
+                    f"{len(pinned.packages)} packages",
+                    [f"{p.name}={p.version}" for p in pinned.packages],
+                )
             )
         ],
         lock=pinned,

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from envbuild import engines
 from envbuild.build import COMPRESSION, BuilderOptions, BuildResult, build
 from envbuild.cache import CachedStore
 from envbuild.cli import render
@@ -69,13 +70,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--output", metavar="DIR", type=Path, help="default: images/<spec-name>/")
     p.add_argument("--dry-run", action="store_true", help="print the layer plan and build nothing")
-    p.add_argument(
-        "--compression",
-        choices=[c.value for c in (Compression.ZSTD, Compression.GZIP)],
-        default=COMPRESSION.value,
-        help="layer compression (default: %(default)s; gzip for umoci 0.4 and Docker < 23 "
-        "registries); part of every layer's key",
-    )
+    add_compression_arg(p)
     add_builder_args(p)
     add_cache_args(p)
     add_registry_args(p)
@@ -112,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         render.emit_json(result.manifest.model_dump(mode="json"))
         return ExitCode.OK
     _show_build(result)
+    if note := engines.compression_note(args.compression):
+        print(note, file=sys.stderr)
     if isinstance(store, CachedStore):
         stats = store.remote.stats
         print(
@@ -122,6 +119,18 @@ def run(args: argparse.Namespace) -> int:
         )
     render.echo(result.manifest.image)
     return ExitCode.OK
+
+
+def add_compression_arg(p: argparse.ArgumentParser) -> None:
+    """``--compression``, for build and ci: the rule (which engines read which) in its help."""
+    p.add_argument(
+        "--compression",
+        choices=[c.value for c in (Compression.ZSTD, Compression.GZIP)],
+        default=COMPRESSION.value,
+        help=f"layer compression (default: %(default)s). zstd is read by "
+        f"{engines.readers('zstd')}; gzip by every tool (Debian 12's skopeo 1.9 and umoci "
+        "0.4.7, and upstream Docker 20.10, need it). Part of every layer's key",
+    )
 
 
 def _interactive(args: argparse.Namespace) -> bool:

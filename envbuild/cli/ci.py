@@ -6,12 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from envbuild import engines
 from envbuild.ci import BuildOutput, discover_specs, human_size, run_ci, summary_markdown
 from envbuild.cli import render
-from envbuild.cli.build import add_builder_args
+from envbuild.cli.build import add_builder_args, add_compression_arg
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
+from envbuild.layers import Compression
 from envbuild.registry import get_transport, parse_repo
 from envbuild.spec.load import LoadedSpec, find_root
 from envbuild.store import Store, default_store
@@ -31,6 +33,7 @@ def register(sub: Any) -> None:
     add_cache_args(p)
     p.add_argument("--summary", metavar="FILE", type=Path, help="write the markdown summary here")
     p.add_argument("--store", metavar="DIR", type=Path, help="the store (default: $ENVBUILD_STORE)")
+    add_compression_arg(p)
     add_builder_args(p)
     add_registry_args(p)
     render.add_json_flag(p)
@@ -49,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
     builder = BuilderOptions(mode=args.builder, network=args.builder_network)
 
     def build_one(loaded: LoadedSpec, store: Store) -> BuildOutput:
-        return build(loaded, store=store, builder=builder, docker_archive=args.docker_archive)
+        return build(
+            loaded,
+            store=store,
+            builder=builder,
+            docker_archive=args.docker_archive,
+            compression=Compression(args.compression),
+        )
 
     report = run_ci(
         specs, store=store, push=push, endpoint=endpoint, transport=transport, build_fn=build_one
@@ -59,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         render.emit_json(report.as_dict())
         return report.exit_code
+    if push and (note := engines.compression_note(args.compression)):
+        render.echo(note)
     for o in report.outcomes:
         name = o.name or o.spec
         if o.image is None:

@@ -20,7 +20,7 @@ from envbuild.dockerfile import (
 )
 from envbuild.errors import ExitCode
 from envbuild.fsio import write_atomic
-from envbuild.lock import lock_path
+from envbuild.lock import find_lock
 from envbuild.spec import load_spec
 from envbuild.store import Store, default_store
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         loaded,
         lock,
         lock_hash=lock_hash,
-        lock_file=loaded.display(lock_path(loaded)),
+        lock_file=loaded.display(find_lock(loaded)),
         manifest=manifest,
     )
     if args.output:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,4 +34,6 @@ def run(args: argparse.Namespace) -> int:
         for tag in loaded.tags:
             render.echo(f"loaded {tag}")
         render.echo(loaded.image_id)
+    if note := loaded.engine_note():
+        print(f"note: {note}", file=sys.stderr)
     return ExitCode.OK

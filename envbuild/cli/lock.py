@@ -22,9 +22,9 @@ from envbuild.store import Store
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "lock",
-        help="resolve a spec's Python packages into lockfiles/<name>.pylock.toml",
+        help="resolve a spec's Python packages into lockfiles/pylock.<name>.toml",
         description="Resolve each SPEC with uv for its target (Python version, platform tag, "
-        "torch index, exclude-newer cutoff) and write lockfiles/<spec-name>.pylock.toml "
+        "torch index, exclude-newer cutoff) and write lockfiles/pylock.<spec-name>.toml "
         "(PEP 751). A Debian base's package set is pinned with its .deb hashes: taken from "
         "the existing lock while the spec's [base] and cutoff are unchanged, resolved with "
         "mmdebstrap otherwise. With --check, resolve nothing: exit 1 and say what changed when "

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from envbuild import engines
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.errors import ExitCode
@@ -46,7 +47,12 @@ def describe_push(result: PushResult) -> list[str]:
             f", {len(skip)} already in the registry, not uploaded again "
             f"({human_size(result.bytes_skipped)})"
         )
-    return [f"pushed {result.ref}", f"digest: {result.digest}", line]
+    out = [f"pushed {result.ref}", f"digest: {result.digest}", line]
+    if any(b.media_type == engines.ZSTD_MEDIA_TYPE for b in result.blobs):
+        out.append(engines.compression_note("zstd") or "")
+    else:
+        out.append(f"layers are gzip: read by {engines.readers('gzip')}")
+    return out
 
 
 def register(sub: Any) -> None:
@@ -59,7 +65,12 @@ def register(sub: Any) -> None:
         "($DOCKER_CONFIG, ~/.docker/config.json) or the containers auth file "
         "($REGISTRY_AUTH_FILE).",
     )
-    p.add_argument("layout", metavar="DIR", type=Path, help="an OCI image layout folder")
+    p.add_argument(
+        "layout",
+        metavar="DIR",
+        type=Path,
+        help="an OCI image layout folder, or the output folder of `envbuild build` (as for load)",
+    )
     p.add_argument("target", metavar="REGISTRY/REPO:TAG")
     p.add_argument(
         "--layout-tag", metavar="NAME", help="which image of DIR (when it holds more than one)"

@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
             for problem in problems:
                 render.echo(problem.render())
             if ok:
-                render.echo(f"{path}: ok" + (f" ({len(problems)} warnings)" if problems else ""))
+                n = len(problems)
+                note = f" ({n} warning{'' if n == 1 else 's'})" if n else ""
+                render.echo(f"{path}: ok{note}")
     if args.json:
         render.emit_json({"results": results})
     return ExitCode.USER_ERROR if failed else ExitCode.OK

@@ -1,4 +1,4 @@
-"""The lock stage: a spec in, ``lockfiles/<spec-name>.pylock.toml`` out.
+"""The lock stage: a spec in, ``lockfiles/pylock.<spec-name>.toml`` out (PEP 751's file name).
 
 The lock pins everything the spec leaves to a resolver: every Python distribution with the URL,
 size and sha256 of each of its files (PEP 751), and in ``[tool.envbuild]`` what envbuild itself
@@ -8,7 +8,9 @@ with their digests, and the base. Later stages (build, apply, registry) read it 
 
 Public API:
 
-* :func:`lock_path` — where a spec's lock lives;
+* :func:`lock_path` — where a spec's lock lives (and is written);
+* :func:`find_lock` — the lock to read: :func:`lock_path`, or for one release the old name
+  ``lockfiles/<spec-name>.pylock.toml`` with a warning that says how to rename it;
 * :func:`read_lock` — parse and check a lock (:class:`~envbuild.errors.ManifestError` if bad,
   :class:`~envbuild.errors.NewerFormat` if written by a newer envbuild);
 * :func:`lock_spec` — resolve with uv and write the lock atomically (the base's entry through a
@@ -50,7 +52,9 @@ from envbuild.spec.load import LoadedSpec
 log = logging.getLogger("envbuild.lock")
 
 LOCK_DIR = "lockfiles"
-SUFFIX = ".pylock.toml"
+PREFIX = "pylock."  # PEP 751: ``pylock.toml`` or ``pylock.<name>.toml``
+SUFFIX = ".toml"
+LEGACY_SUFFIX = ".pylock.toml"  # envbuild 0.1 named locks <spec>.pylock.toml: read until 0.2
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,34 @@ class LockResult:
 
 
 def lock_path(loaded: LoadedSpec) -> Path:
-    """``<repo>/lockfiles/<spec-name>.pylock.toml``."""
-    return loaded.root / LOCK_DIR / f"{loaded.name}{SUFFIX}"
+    """``<repo>/lockfiles/pylock.<spec-name>.toml``, the name PEP 751 gives a named lock (so
+    ``uv pip install -r`` and ``packaging.pylock`` accept it)."""
+    return loaded.root / LOCK_DIR / f"{PREFIX}{loaded.name}{SUFFIX}"
+
+
+def legacy_lock_path(loaded: LoadedSpec) -> Path:
+    """``<repo>/lockfiles/<spec-name>.pylock.toml``: the name envbuild 0.1 used (not PEP 751's)."""
+    return loaded.root / LOCK_DIR / f"{loaded.name}{LEGACY_SUFFIX}"
+
+
+def rename_hint(loaded: LoadedSpec) -> str:
+    """The command that moves a lock from its old name to PEP 751's (history follows)."""
+    return f"git mv {loaded.display(legacy_lock_path(loaded))} {loaded.display(lock_path(loaded))}"
+
+
+def find_lock(loaded: LoadedSpec) -> Path:
+    """The spec's lock to read: :func:`lock_path`; when only the old name exists (one release
+    of grace), that one, with a warning saying how to rename it. Neither: :func:`lock_path`,
+    so a "no such lock" message names the file to create."""
+    path = lock_path(loaded)
+    legacy = legacy_lock_path(loaded)
+    if not path.exists() and legacy.is_file():
+        log.warning(
+            "%s has the old name: PEP 751 names locks pylock.<name>.toml (uv refuses the old "
+            "one); rename it: %s", loaded.display(legacy), rename_hint(loaded),
+        )  # fmt: skip
+        return legacy
+    return path
 
 
 def build_lock(
@@ -149,6 +179,9 @@ def lock_spec(
         candidates = [previous] if previous is not None else []
         if path.resolve() != lock_path(loaded).resolve():
             candidates += [lk for lk in [_readable(lock_path(loaded))] if lk is not None]
+        legacy = legacy_lock_path(loaded)
+        if output is None and legacy.is_file():
+            candidates += [lk for lk in [_readable(legacy)] if lk is not None]
         pinner = pinner if pinner is not None else BasePinner()
         pinned = pinner.pin(loaded, target.exclude_newer, candidates)
     lock = build_lock(loaded, target, base=pinned.base)
@@ -161,6 +194,12 @@ def lock_spec(
     else:
         log.info("%s is up to date (%d packages)", loaded.display(path), len(lock.packages))
     warnings = driver_warnings(loaded, lock)
+    if output is None and legacy_lock_path(loaded).is_file():
+        warnings.append(
+            f"{loaded.display(legacy_lock_path(loaded))} is the lock's old name and is no longer "
+            f"read now that {loaded.display(path)} exists: remove it (`git rm`), or next time "
+            f"rename before locking so history follows: {rename_hint(loaded)}"
+        )
     for warning in warnings:
         log.warning("%s: %s", loaded.display(path), warning)
     return LockResult(
@@ -192,7 +231,7 @@ def driver_warnings(loaded: LoadedSpec, lock: Lock) -> list[str]:
 def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:
     """Compare ``loaded`` with its lock without resolving. A missing, unreadable or newer-format
     lock is reported as a change, like a changed pin."""
-    path = Path(path) if path is not None else lock_path(loaded)
+    path = Path(path) if path is not None else find_lock(loaded)
     result = LockCheck(spec=loaded.display(loaded.path), lock=loaded.display(path))
     hint = f"run `envbuild lock {loaded.display(loaded.path)}`"
     try:
@@ -288,6 +327,8 @@ __all__ = [
     "build_lock",
     "check_lock",
     "dumps",
+    "find_lock",
+    "legacy_lock_path",
     "loads",
     "lock_path",
     "lock_spec",

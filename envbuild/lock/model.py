@@ -161,7 +161,7 @@ class ToolTable(_Model):
 
 
 class Lock(_Model):
-    """A whole ``<spec>.pylock.toml``."""
+    """A whole ``pylock.<spec>.toml``."""
 
     lock_version: str = PEP751_VERSION
     environments: list[str] = Field(default_factory=list)

@@ -24,6 +24,7 @@ from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotF
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.layout import LayoutImage, open_layout, verify_layout
 from envbuild.registry.ref import ImageRef, parse_ref, parse_repo
+from envbuild.registry.referrers import pull_referrers, push_referrers
 from envbuild.registry.transport import SKOPEO_HINT, Copied, Skopeo, Transport
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
 log = logging.getLogger("envbuild.registry")
 
 TransportName = Literal["auto", "skopeo", "docker"]
+#: Artifacts a pull brings along with the image: its CycloneDX SBOM.
+PULLED_ARTIFACTS = ("application/vnd.cyclonedx+json",)
 
 
 def get_transport(name: TransportName = "auto") -> Transport:
@@ -86,6 +89,7 @@ class PushResult:
     digest: str
     transport: str
     blobs: list[BlobTransfer] = field(default_factory=list)
+    referrers: list[str] = field(default_factory=list)  # artifacts pushed with it (the SBOM)
 
     @property
     def uploaded(self) -> list[BlobTransfer]:
@@ -113,6 +117,7 @@ class PushResult:
             "skipped": len(self.skipped),
             "bytes_uploaded": self.bytes_uploaded,
             "bytes_skipped": self.bytes_skipped,
+            "referrers": self.referrers,
         }
 
 
@@ -124,6 +129,7 @@ class PullResult:
     blobs: int
     size: int
     layout_digest: str  # the pulled layout's (differs only through an engine: layers unpacked)
+    referrers: list[str] = field(default_factory=list)  # artifacts pulled with it (the SBOM)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -133,6 +139,7 @@ class PullResult:
             "path": self.path,
             "blobs": self.blobs,
             "size": self.size,
+            "referrers": self.referrers,
         }
 
 
@@ -175,7 +182,11 @@ def push_image(
             )
     else:
         blobs = _engine_blobs(image, api.manifest(copied.digest), copied, present)
-    return PushResult(str(target), copied.digest, transport.name, blobs)
+    # what refers to the image (its SBOM) names its digest: only a digest-preserving copy keeps it
+    referrers = (
+        push_referrers(api, image.root, copied.digest) if transport.preserves_digests else []
+    )
+    return PushResult(str(target), copied.digest, transport.name, blobs, referrers)
 
 
 def _engine_blobs(
@@ -204,6 +215,15 @@ def _engine_blobs(
     return blobs
 
 
+def layout_of(path: Path) -> Path:
+    """The OCI layout ``path`` names: itself, or the ``oci/`` of a build's output folder (so
+    push takes the folder load takes)."""
+    path = Path(path)
+    if not (path / "oci-layout").exists() and (path / "oci" / "oci-layout").is_file():
+        return path / "oci"
+    return path
+
+
 def push(
     layout: Path,
     target: ImageRef,
@@ -216,7 +236,7 @@ def push(
     ``target`` (``REGISTRY/REPO:TAG``)."""
     if target.digest is not None or target.tag is None:
         raise RegistryError(f"{target}: push needs a tag (REGISTRY/REPO:TAG), not a digest")
-    image = open_layout(layout, tag)
+    image = open_layout(layout_of(layout), tag)
     verify_layout(image)  # never send bytes that are not what the manifest promises
     return push_image(image, target, endpoint=endpoint, transport=transport)
 
@@ -280,12 +300,14 @@ def pull(
         else:
             _check_engine_pull(image, api.manifest(digest))
         verify_layout(image)
+        referrers = pull_referrers(api, digest, layout, PULLED_ARTIFACTS)
         if dest.exists():
             dest.rmdir()
         os.replace(layout, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    log.info("pulled %s (%s) into %s, every blob verified", source, digest, dest)
+    log.debug("pulled %s (%s) into %s, every blob verified", source, digest, dest)
     return PullResult(
-        str(source), digest, shown, len(image.blobs), image.size, image.manifest.digest
-    )
+        str(source), digest, shown, len(image.blobs), image.size, image.manifest.digest,
+        referrers,
+    )  # fmt: skip

@@ -106,20 +106,23 @@ class RegistryApi:
         return ctx
 
     def _open(
-        self, method: str, url: str, headers: dict[str, str], scheme: str
+        self, method: str, url: str, headers: dict[str, str], scheme: str, body: bytes | None = None
     ) -> tuple[int, Message, bytes]:
-        req = urllib.request.Request(url, method=method, headers=headers)
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT, context=self._context(scheme)) as r:
                 return r.status, r.headers, r.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.headers, exc.read()
 
-    def _send(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+    def _send(
+        self, method: str, path: str, headers: dict[str, str], body: bytes | None = None
+    ) -> tuple[int, Message, bytes]:
         schemes = [self._scheme] if self._scheme else ["https", "http"]
         for i, scheme in enumerate(schemes):
             try:
-                result = self._open(method, f"{scheme}://{self.registry}{path}", headers, scheme)
+                url = f"{scheme}://{self.registry}{path}"
+                result = self._open(method, url, headers, scheme, body)
             except urllib.error.URLError as exc:
                 reason = exc.reason
                 if i + 1 < len(schemes) and isinstance(reason, (ssl.SSLError, ConnectionError)):
@@ -178,13 +181,32 @@ class RegistryApi:
         )
 
     def request(
-        self, method: str, path: str, accept: tuple[str, ...] = ()
+        self,
+        method: str,
+        path: str,
+        accept: tuple[str, ...] = (),
+        *,
+        body: bytes | None = None,
+        content_type: str | None = None,
     ) -> tuple[int, Message, bytes]:
+        """One request with the repository's credentials; ``body`` (with ``content_type``)
+        for the few writes envbuild does itself (:mod:`envbuild.registry.referrers`)."""
         headers = {"Accept": ", ".join(accept)} if accept else {}
+        if content_type:
+            headers["Content-Type"] = content_type
         sent = self._authorization
         if sent:
             headers["Authorization"] = sent
-        status, resp_headers, body = self._send(method, path, headers)
+        status, resp_headers, answer = self._send(method, path, headers, body)
+        if status == 401 and sent and sent.startswith("Bearer ") and body is not None:
+            # a token for pulling does not cover a push: ask for one with the scope challenged
+            scheme, params = _challenge(resp_headers.get("WWW-Authenticate", ""))
+            if scheme == "bearer" and "realm" in params:
+                with self._login:
+                    self._authorization = self._token(params)
+                headers["Authorization"] = self._authorization
+                status, resp_headers, answer = self._send(method, path, headers, body)
+        body_sent, body = body, answer
         if status == 401 and not sent:
             # one login for all threads: another may have logged in since this request went out
             with self._login:
@@ -197,7 +219,7 @@ class RegistryApi:
                     else:
                         raise self._refused(status, self._words(method, path, headers, body))
                 headers["Authorization"] = self._authorization
-            status, resp_headers, body = self._send(method, path, headers)
+            status, resp_headers, body = self._send(method, path, headers, body_sent)
         if status in (401, 403):
             raise self._refused(status, self._words(method, path, headers, body))
         return status, resp_headers, body

@@ -105,7 +105,11 @@ def open_layout(root: Path, tag: str | None = None) -> LayoutImage:
     hint = "give the folder of an OCI image layout (with oci-layout, index.json and blobs/)"
     _load_json(root / "oci-layout", hint)
     index = _load_json(root / "index.json", hint)
-    entries = [Descriptor.from_json(m, root / "index.json") for m in index.get("manifests", [])]
+    # an OCI 1.1 referrer (the image's SBOM) is listed with its artifactType: it is not an image
+    listed = [
+        m for m in index.get("manifests", []) if not (isinstance(m, dict) and "artifactType" in m)
+    ]
+    entries = [Descriptor.from_json(m, root / "index.json") for m in listed]
     if tag is not None:
         entries = [m for m in entries if m.annotations.get(REF_NAME) == tag]
     if len(entries) != 1:

@@ -22,11 +22,11 @@ BUILD_MANIFEST_NAMES = ("build-manifest.json", "build.json", "manifest.json", "i
 
 
 def spec_ref(spec: str) -> SpecRef:
-    from envbuild.lock import lock_path
+    from envbuild.lock import find_lock
     from envbuild.spec import load_spec
 
     loaded = load_spec(spec)
-    lock = lock_path(loaded)
+    lock = find_lock(loaded)
     return SpecRef(
         name=loaded.name,
         path=loaded.display(loaded.path),

@@ -58,7 +58,7 @@ def test_apply_builds_a_generation_and_serves(
     assert os.readlink(paths.current) == f"generations/{cur.name}"
     assert cur.meta.spec_name == "tiny-a" and cur.meta.unit == "envbuild-tiny-a.service"
     assert (cur.path / "pylock.toml").read_text() == (
-        spec.parent.parent / "lockfiles" / "tiny-a.pylock.toml"
+        spec.parent.parent / "lockfiles" / "pylock.tiny-a.toml"
     ).read_text()
     assert not os.stat(cur.venv / "bin" / "vllm").st_mode & 0o222
     assert not os.stat(cur.path).st_mode & 0o222

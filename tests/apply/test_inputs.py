@@ -41,7 +41,7 @@ def test_apply_a_snapshot_recreates_what_it_recorded(
     # the snapshot written again names the spec and lock, not the snapshot it came from
     rewritten = json.loads(first.snapshot_file.read_text())["spec"]
     assert rewritten["path"] == "specs/tiny-a.toml"
-    assert rewritten["lock_path"] == "lockfiles/tiny-a.pylock.toml"
+    assert rewritten["lock_path"] == "lockfiles/pylock.tiny-a.toml"
 
     # without the generation, the spec and lock it names are found in the repository (by
     # digest) and built again
@@ -93,14 +93,14 @@ def test_a_missing_or_stale_lock_is_a_user_error(
     spec = experiment("tiny-a", lock=False)
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 2
-    assert "lockfiles/tiny-a.pylock.toml: no such lock" in r.stderr
+    assert "lockfiles/pylock.tiny-a.toml: no such lock" in r.stderr
     assert "envbuild lock specs/tiny-a.toml" in r.stderr
 
     spec = experiment("tiny-a")
     spec.write_text(spec.read_text().replace("max_model_len = 4096", "max_model_len = 8192"))
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 2
-    assert "lockfiles/tiny-a.pylock.toml is stale" in r.stderr
+    assert "lockfiles/pylock.tiny-a.toml is stale" in r.stderr
     assert not (machine.root / "var" / "lib" / "envbuild" / "generations").exists()
 
 

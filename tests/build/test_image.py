@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,9 +95,52 @@ def test_the_build_writes_layout_archive_and_manifest(quickstart: Built) -> None
     assert kinds[0] == "base" and "venv" in kinds
     held = {d for layer in m["layers"] for d in layer["distributions"]}
     assert "rich==13.9.4" in held and "requests==2.32.3" in held
-    lock_bytes = (REPO / "lockfiles" / "quickstart.pylock.toml").read_bytes()
+    lock_bytes = (REPO / "lockfiles" / "pylock.quickstart.toml").read_bytes()
     assert m["lock_hash"] == hashlib.sha256(lock_bytes).hexdigest()
     assert m["spec_hash"] == load_spec(SPEC).spec_hash()
+
+
+def test_the_sbom_is_valid_cyclonedx_and_names_everything_in_the_image(quickstart: Built) -> None:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    from envbuild import sbom
+    from envbuild.lock import read_lock
+
+    out, m = quickstart.output, quickstart.manifest
+    data = (out / "sbom.cdx.json").read_bytes()
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data.decode())
+    assert error is None, error
+    doc = json.loads(data)
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"] == "1.6"
+    subject = doc["metadata"]["component"]
+    assert subject["type"] == "container" and subject["version"] == m["image"]
+    from packageurl import PackageURL
+
+    assert PackageURL.from_string(subject["purl"]).to_dict() == {
+        **PackageURL("oci", name="quickstart", version=m["image"]).to_dict()
+    }
+    pypi = {c["name"]: c for c in doc["components"] if c["purl"].startswith("pkg:pypi/")}
+    held = {d for layer in m["layers"] for d in layer["distributions"]}
+    assert {f"{c['name']}=={c['version']}" for c in pypi.values()} == held
+    lock = read_lock(REPO / "lockfiles" / "pylock.quickstart.toml")
+    for package in lock.packages:
+        shas = {w.hashes.sha256 for w in package.wheels}
+        (h,) = pypi[package.name]["hashes"]
+        assert h["alg"] == "SHA-256" and h["content"] in shas  # the wheel installed
+    assert "MIT" in json.dumps(pypi["rich"]["licenses"])  # rich's METADATA declares MIT
+    debs = {c["name"]: c for c in doc["components"] if c["purl"].startswith("pkg:deb/debian/")}
+    base = lock.envbuild.base
+    assert {(p.name, p.version) for p in base.packages} == {  # type: ignore[union-attr]
+        (c["name"], c["version"]) for c in debs.values()
+    }
+    assert "distro=debian-12" in debs["python3"]["purl"]
+    # in the layout, a referrer whose subject is the image (OCI 1.1)
+    assert sbom.read_attached(out / "oci") == data
+    index = json.loads((out / "oci" / "index.json").read_text())
+    (art,) = [e for e in index["manifests"] if e.get("artifactType") == sbom.MEDIA_TYPE]
+    manifest = json.loads((out / "oci/blobs/sha256" / art["digest"][7:]).read_text())
+    assert manifest["subject"]["digest"] == m["image"]
 
 
 def somewhere_else(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -133,6 +177,8 @@ def test_two_builds_anywhere_give_one_digest(quickstart: Built, tmp_path: Path) 
     assert second.manifest["image"] == quickstart.manifest["image"]
     assert layer_digests(second.manifest) == layer_digests(quickstart.manifest)
     assert second.manifest == quickstart.manifest
+    sboms = [b.output / "sbom.cdx.json" for b in (quickstart, second)]
+    assert sboms[0].read_bytes() == sboms[1].read_bytes()  # and same_outputs: its OCI artifact
     same_outputs(quickstart, second)
 
 
@@ -163,7 +209,7 @@ def _zstd_project(quickstart: Built, top: Path) -> Path:
         text.replace(debian, f'[base]\nkind = "rootfs"\npath = "../rootfs.tar"\n{pinned}\n')
     )
     loaded = load_spec(spec)
-    lock = read_lock(REPO / "lockfiles" / "quickstart.pylock.toml")
+    lock = read_lock(REPO / "lockfiles" / "pylock.quickstart.toml")
     ours = lock.tool.envbuild.model_copy(
         update={
             "spec_hash": loaded.spec_hash(),
@@ -251,6 +297,7 @@ def test_skopeo_and_umoci_accept_the_image(quickstart: Built, tmp_path: Path) ->
     assert (rootfs / "usr/bin/python3").exists()
     cfg = (rootfs / "opt/venv/pyvenv.cfg").read_text()
     assert "home = /usr/bin" in cfg
+    assert "command" not in cfg  # no `python -m venv` ran: envbuild wrote it
 
 
 @pytest.mark.docker
@@ -286,6 +333,27 @@ def test_docker_runs_the_image_offline(
     lines = out.strip().splitlines()
     assert lines[0].startswith("Pygments version 2.19.1")
     assert lines[1].split() == ["/opt/venv", "2.32.3"]
+
+    # what a docker user reads: a real date (the lock's cutoff) and the packages of each layer
+    def docker(*argv: str) -> str:
+        done = subprocess.run(
+            ["docker", *argv], capture_output=True, text=True, env=env, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    (inspected,) = json.loads(docker("image", "inspect", "envbuild/quickstart:latest"))
+    cutoff = tomllib.loads((REPO / "lockfiles" / "pylock.quickstart.toml").read_text())
+    expected = cutoff["tool"]["envbuild"]["exclude-newer"].strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert inspected["Created"] == expected
+    fmt = "{{.CreatedBy}}\t{{.CreatedAt}}"
+    rows = docker("history", "--no-trunc", "--format", fmt, "envbuild/quickstart:latest")
+    history = [row.split("\t") for row in rows.strip().splitlines()]
+    assert len(history) == len(quickstart.manifest["layers"])
+    assert all(at != "N/A" and not at.startswith("0001") for _, at in history)
+    by = "\n".join(created_by for created_by, _ in history)
+    assert "rich==13.9.4" in by and "requests==2.32.3" in by
+    assert "debian bookworm" in by and " more)" in by  # the base: its first packages, a count
 
 
 def test_bumping_one_small_package_rebuilds_only_its_layer(

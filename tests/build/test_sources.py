@@ -99,6 +99,9 @@ def test_a_source_build_and_a_patch_land_in_the_image(
     first, manifest = project.build(cli, spec)
     store = Store(repo / "store")
     assert "source-build fixture-cext 1.0.0" in first.stderr and "built" in first.stderr
+    # zstd layers (the default): the build says which tools read them and how to get gzip
+    assert "layers are zstd: read by containerd >= 1.5, docker >= 23.0" in first.stderr
+    assert "build with --compression gzip for those" in first.stderr
 
     # the manifest records the source build's input key, flags, MAX_JOBS and audit
     (built,) = manifest["source_builds"]
@@ -149,12 +152,32 @@ def test_a_source_build_and_a_patch_land_in_the_image(
     )
     assert ran.stdout.strip() == "bonjour patched by envbuild"
 
+    # the SBOM names the source build with its inputs and the patch with what it patched
+    doc = _sbom(repo / "out")
+    cext = _component(doc, "fixture-cext")
+    (sdist,) = cext["pedigree"]["ancestors"]
+    assert sdist["hashes"] == [{"alg": "SHA-256", "content": built["sdist"]["sha256"]}]
+    props = {p["name"]: p["value"] for p in cext["properties"]}
+    assert props["envbuild:build:flag:CEXT_GREETING"] == "bonjour"
+    assert props["envbuild:build:key"] == built["key"]
+    assert cext["hashes"] == [{"alg": "SHA-256", "content": built["wheel_sha256"]}]
+    tiny = _component(doc, "tinypatch")
+    assert tiny["version"] == patched["patched_version"]
+    (source,) = tiny["pedigree"]["ancestors"]
+    assert source["version"] == "1.0"
+    assert source["hashes"][0]["content"] == patched["source_wheel"]["sha256"]
+    assert [x["diff"]["url"] for x in tiny["pedigree"]["patches"]] == [
+        "file:specs/patches/tinypatch.patch"
+    ]
+    sbom_bytes = (repo / "out" / "sbom.cdx.json").read_bytes()
+
     # a rebuild is a no-op: nothing compiled, patched, installed or packed
     again, same = project.build(cli, spec)
     assert "(0 rebuilt)" in again.stderr
     assert "source-build fixture-cext 1.0.0" in again.stderr and "reused" in again.stderr
     assert same == manifest
     assert again.stdout.strip() == manifest["image"]
+    assert (repo / "out" / "sbom.cdx.json").read_bytes() == sbom_bytes
 
     # a changed flag rebuilds that wheel and its layer only, and says which input changed
     changed, other = project.build(cli, project.write("salut"))
@@ -166,6 +189,22 @@ def test_a_source_build_and_a_patch_land_in_the_image(
     assert {n for n in before if before[n] != after[n]} == {"fixture-cext"}
     assert other["source_builds"][0]["key"] != built["key"]
     assert other["patches"] == manifest["patches"]
+
+
+def _sbom(out: Path) -> dict[str, Any]:
+    """The build's SBOM, checked by the CycloneDX 1.6 JSON schema validator."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    data = (out / "sbom.cdx.json").read_text()
+    error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(data)
+    assert error is None, error
+    return json.loads(data)
+
+
+def _component(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in doc["components"] if c["name"] == name]
+    return found
 
 
 def layer_files_below(store: Store, manifest: dict[str, Any]) -> dict[str, bytes]:

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from envbuild.image import (
     DOCKER_ARCHIVE,
@@ -97,6 +99,51 @@ def test_source_date_epoch_dates_the_config(tmp_path, monkeypatch):
     config = json.loads(Store(tmp_path / "s").read_blob(image.config_digest))
     assert config["created"] == "2023-11-14T22:13:20Z"
     assert {h["created"] for h in config["history"]} == {"2023-11-14T22:13:20Z"}
+
+
+def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp_path, monkeypatch):
+    from datetime import UTC, datetime
+
+    from envbuild.image import created_for
+
+    cutoff = datetime(2026, 1, 1, tzinfo=UTC)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert created_for(cutoff) == "2026-01-01T00:00:00Z"
+    store = Store(tmp_path / "s")
+    app = layer_from_tree(store, app_tree(tmp_path / "t"), prefix="opt/app")
+    image = write_image(store, layers=[app], config=ImageConfig(),
+                        history=[History(created_by="x")], created=created_for(cutoff))  # fmt: skip
+    config = json.loads(store.read_blob(image.config_digest))
+    assert config["created"] == "2026-01-01T00:00:00Z"
+    assert config["history"][0]["created"] == "2026-01-01T00:00:00Z"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert created_for(cutoff) == "2023-11-14T22:13:20Z"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,30}==[0-9]{1,3}(\.[0-9]{1,3}){0,3}", fullmatch=True),
+             max_size=40, unique=True),
+    st.integers(min_value=40, max_value=300),
+)  # fmt: skip
+def test_layer_history_names_what_fits_and_counts_the_rest(dists, limit):
+    from envbuild.image import layer_history
+
+    text = layer_history("envbuild group group-01", dists, limit=limit)
+    if not dists:
+        assert text == "envbuild group group-01"
+        return
+    head, _, named = text.partition(": ")
+    assert head == "envbuild group group-01"
+    shown, more = named, 0
+    if named.endswith(" more)"):
+        shown, _, count = named.rpartition(" (+")
+        more = int(count.removesuffix(" more)"))
+        assert more >= 1
+    names = shown.split(", ")
+    assert names == dists[: len(names)]  # in order, whole names only, the first always
+    assert len(names) + more == len(dists)
+    assert len(text) <= limit or len(names) == 1
 
 
 def test_skopeo_and_umoci_accept_the_layout(tmp_path, debian_rootfs: DebianRootfs):

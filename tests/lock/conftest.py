@@ -94,12 +94,12 @@ def demo(repo: Path, local_index: LocalIndex) -> SpecWriter:
 class PinnedRepo:
     repo: Path  # specs/pinned.toml with its lock; copy it (pinned_repo) before changing anything
     store: Path  # holds the rootfs of the pinned set, kept by the resolving mmdebstrap run
-    lock: bytes  # lockfiles/pinned.pylock.toml as `envbuild lock` wrote it
+    lock: bytes  # lockfiles/pylock.pinned.toml as `envbuild lock` wrote it
     mmdebstrap_builds: list[str]  # the mmdebstrap runs of that lock
 
     @property
     def lock_file(self) -> Path:
-        return self.repo / "lockfiles" / "pinned.pylock.toml"
+        return self.repo / "lockfiles" / "pylock.pinned.toml"
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +134,7 @@ def pinned_session(
     )
     if done.returncode != 0:
         pytest.fail(f"envbuild lock failed ({done.returncode}):\n{done.stderr}", pytrace=False)
-    lock = (repo / "lockfiles" / "pinned.pylock.toml").read_bytes()
+    lock = (repo / "lockfiles" / "pylock.pinned.toml").read_bytes()
     return PinnedRepo(repo, store, lock, builds_in(record))
 
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def _lock_file(spec: Path) -> Path:
-    return spec.parent.parent / "lockfiles" / "pinned.pylock.toml"
+    return spec.parent.parent / "lockfiles" / "pylock.pinned.toml"
 
 
 def _debian(spec: Path) -> DebianBaseLock:
@@ -106,7 +106,7 @@ def test_relock_reuses_the_pinned_base_without_mmdebstrap(
     assert cli("lock", "--python-only", pinned_repo).exit_code == 0
     assert lock_file.read_bytes() == first
     # written elsewhere, the spec's own lock still gives the pinned set
-    other = tmp_path / "elsewhere.pylock.toml"
+    other = tmp_path / "pylock.elsewhere.toml"
     assert cli("lock", pinned_repo, "--output", other).exit_code == 0
     assert other.read_bytes() == first
 

@@ -69,12 +69,12 @@ def test_check_catches_build_flags_patches_and_target(cli, demo, repo):
 def test_check_without_a_lock_is_stale(cli, demo):
     result = cli("lock", "--check", demo())
     assert result.exit_code == 1
-    assert "lockfiles/demo.pylock.toml does not exist" in result.stdout
+    assert "lockfiles/pylock.demo.toml does not exist" in result.stdout
 
 
 def test_check_notices_a_hand_edit(cli, demo, repo):
     spec = _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     path.write_text(path.read_text().replace("created-by", "created-by ", 1))
     result = cli("lock", "--check", spec)
     assert result.exit_code == 1

@@ -32,7 +32,7 @@ def test_unsatisfiable_pin_is_a_user_error_quoting_uv(cli, demo, repo):
     assert "No solution found when resolving dependencies" in result.stderr
     assert "alpha==9.9" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (repo / "lockfiles" / "demo.pylock.toml").exists()
+    assert not (repo / "lockfiles" / "pylock.demo.toml").exists()
 
 
 def test_conflicting_pins_quote_uv(cli, demo):
@@ -58,7 +58,7 @@ def test_unwritable_lockfiles_is_exit_2_and_leaves_the_old_lock(cli, demo, repo)
     _locked(cli, demo)
     spec = demo(('MAX_JOBS = "2"', 'MAX_JOBS = "3"'))  # so a relock would change the file
     lockfiles = repo / "lockfiles"
-    before = (lockfiles / "demo.pylock.toml").read_bytes()
+    before = (lockfiles / "pylock.demo.toml").read_bytes()
     lockfiles.chmod(0o555)
     try:
         done = subprocess.run(
@@ -73,13 +73,13 @@ def test_unwritable_lockfiles_is_exit_2_and_leaves_the_old_lock(cli, demo, repo)
         lockfiles.chmod(0o755)
     assert done.returncode == 2, done.stderr
     assert "cannot write" in done.stderr and "Traceback" not in done.stderr
-    assert (lockfiles / "demo.pylock.toml").read_bytes() == before
-    assert sorted(p.name for p in lockfiles.iterdir()) == ["demo.pylock.toml"]
+    assert (lockfiles / "pylock.demo.toml").read_bytes() == before
+    assert sorted(p.name for p in lockfiles.iterdir()) == ["pylock.demo.toml"]
 
 
 def test_output_into_a_file_is_exit_2(cli, demo, repo):
     (repo / "blocker").write_text("a file, not a directory\n")
-    result = cli("lock", "--python-only", demo(), "--output", repo / "blocker" / "demo.pylock.toml")
+    result = cli("lock", "--python-only", demo(), "--output", repo / "blocker" / "pylock.demo.toml")
     assert result.exit_code == 2
     assert "cannot write" in result.stderr
 
@@ -92,7 +92,7 @@ def _set_format(path: Path, fmt: int) -> None:
 
 def test_newer_lock_format_is_a_clear_error_and_is_not_overwritten(cli, demo, repo):
     spec = _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     _set_format(path, 99)
     newer = path.read_bytes()
     with pytest.raises(NewerFormat, match="newer envbuild"):
@@ -108,7 +108,7 @@ def test_newer_lock_format_is_a_clear_error_and_is_not_overwritten(cli, demo, re
 
 def test_newer_pep751_major_is_refused(cli, demo, repo):
     _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     path.write_text(path.read_text().replace('lock-version = "1.0"', 'lock-version = "2.0"'))
     with pytest.raises(NewerFormat, match=r"lock-version 2\.0"):
         read_lock(path)
@@ -126,7 +126,7 @@ def test_newer_pep751_major_is_refused(cli, demo, repo):
 )
 def test_corrupted_lock_is_reported_and_replaced(cli, demo, repo, damage):
     spec = _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     good = path.read_bytes()
     path.write_text(damage(path.read_text()))
     with pytest.raises(ManifestError) as caught:
@@ -134,7 +134,7 @@ def test_corrupted_lock_is_reported_and_replaced(cli, demo, repo, damage):
     assert str(path) in caught.value.message
     check = cli("lock", "--check", spec)
     assert check.exit_code == 1
-    assert "demo.pylock.toml" in check.stdout
+    assert "pylock.demo.toml" in check.stdout
     relock = cli("lock", "--python-only", spec)
     assert relock.exit_code == 0, relock.stderr
     assert "it will be replaced" in relock.stderr
@@ -145,7 +145,7 @@ def test_an_older_format_is_converted_on_read(cli, demo, repo, monkeypatch):
     # No older format exists yet; this registers one (format 0 called the spec hash
     # "spec-sha256") to prove the path a real one will take.
     _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     current = read_lock(path)
     _set_format(path, 0)
     path.write_text(path.read_text().replace("spec-hash =", "spec-sha256 ="))
@@ -162,7 +162,7 @@ def test_an_older_format_is_converted_on_read(cli, demo, repo, monkeypatch):
 
 def test_a_format_1_lock_reads_as_the_current_format():
     # quickstart's lock as envbuild wrote it before format 2 recorded the base's `include`
-    lock = read_lock(CASES / "quickstart-format-1.pylock.toml")
+    lock = read_lock(CASES / "pylock.quickstart-format-1.toml")
     assert lock.envbuild.format == LOCK_FORMAT
     base = lock.envbuild.base
     assert isinstance(base, DebianBaseLock)
@@ -172,7 +172,7 @@ def test_a_format_1_lock_reads_as_the_current_format():
 
 def test_check_names_an_older_format(cli, demo, repo):
     spec = _locked(cli, demo)
-    path = repo / "lockfiles" / "demo.pylock.toml"
+    path = repo / "lockfiles" / "pylock.demo.toml"
     text = path.read_text()
     assert "include = []\n" in text
     _set_format(path, 1)
@@ -186,7 +186,7 @@ def test_check_names_an_older_format(cli, demo, repo):
 
 def test_output_with_several_specs_is_a_usage_error(cli, demo, tmp_path):
     spec = demo()
-    result = cli("lock", "--python-only", spec, spec, "--output", tmp_path / "x.pylock.toml")
+    result = cli("lock", "--python-only", spec, spec, "--output", tmp_path / "pylock.x.toml")
     assert result.exit_code == 2
     assert "--output takes one SPEC" in result.stderr
 

@@ -62,7 +62,7 @@ def test_a_lock_without_run_time_compilers_has_no_driver_warning():
 
 
 def test_glm5_locks_flash_attn_as_an_sdist_with_its_flags():
-    lock = read_lock(REPO / "lockfiles" / "glm5-gguf.pylock.toml")
+    lock = read_lock(REPO / "lockfiles" / "pylock.glm5-gguf.toml")
     (build,) = lock.envbuild.builds
     assert (build.name, build.version) == ("flash-attn", "2.8.3.post2")
     assert build.sdist.name == "flash_attn-2.8.3.post2.tar.gz"
@@ -77,7 +77,7 @@ def test_glm5_locks_flash_attn_as_an_sdist_with_its_flags():
 @pytest.mark.parametrize("name", ["glm5-gguf", "minimax-m25-fp8"])
 def test_relocking_a_seed_against_pypi_gives_the_committed_bytes(cli, name, tmp_path):
     spec = REPO / "specs" / f"{name}.toml"
-    out = tmp_path / f"{name}.pylock.toml"
+    out = tmp_path / f"pylock.{name}.toml"
     result = cli("lock", spec, "--output", out)
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes() == lock_path(load_spec(spec)).read_bytes()

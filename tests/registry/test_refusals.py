@@ -108,8 +108,8 @@ def test_threads_sharing_one_api_log_in_once_and_all_get_in(
     real_send = api._send
     first = threading.local()
 
-    def send(method: str, path: str, headers: dict[str, str]) -> Any:
-        answer = real_send(method, path, headers)
+    def send(method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> Any:
+        answer = real_send(method, path, headers, body)
         if not getattr(first, "done", False):
             first.done = True
             all_answered.wait()  # every thread holds its 401 before anyone logs in

@@ -92,6 +92,67 @@ def test_plan_step_picks_specs_per_event(tmp_path: Path) -> None:
     ]
     assert _pick(tmp_path, "push")["repo"] == "ghcr.io/acme-labs/envbuild"
     assert _pick(tmp_path, "push", image_repo="reg.example/x")["repo"] == "reg.example/x"
+    # the login goes to the registry the images are pushed to
+    assert _pick(tmp_path, "push")["registry"] == "ghcr.io"
+    assert _pick(tmp_path, "push", image_repo="reg.example:5000/t/x")["registry"] == (
+        "reg.example:5000"
+    )
+
+
+def test_the_login_and_the_push_use_one_registry() -> None:
+    build = load()["jobs"]["build"]
+    login = next(s for s in steps(build) if s.get("uses", "").startswith("docker/login-action@"))
+    assert login["with"]["registry"] == "${{ needs.plan.outputs.registry }}"
+    assert build["env"]["IMAGE_REPO"] == "${{ needs.plan.outputs.repo }}"
+    text = (REPO / ".github" / "workflows" / "images.yml").read_text()
+    assert "vars.ENVBUILD_REGISTRY" not in text
+    docs = (REPO / "docs" / "registry.md").read_text()
+    for variable in (
+        "ENVBUILD_IMAGE_REPO",
+        "ENVBUILD_COMPRESSION",
+        "ENVBUILD_BUILDER",
+        "ENVBUILD_LARGE_RUNNER",
+        "REGISTRY_USERNAME",
+        "REGISTRY_PASSWORD",
+    ):
+        assert variable in docs, f"docs/registry.md does not document {variable}"  # fmt: skip
+
+
+def test_the_compression_reaches_envbuild_ci() -> None:
+    build = load()["jobs"]["build"]
+    (step,) = [s for s in steps(build) if "envbuild ci" in s.get("run", "")]
+    assert '--compression "$COMPRESSION"' in step["run"]
+    assert "vars.ENVBUILD_COMPRESSION" in step["env"]["COMPRESSION"]
+    choice = load()[True]["workflow_dispatch"]["inputs"]["compression"]
+    assert set(choice["options"]) >= {"zstd", "gzip"}
+    import subprocess
+    import sys
+
+    helped = subprocess.run([sys.executable, "-m", "envbuild", "ci", "--help"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "--compression {zstd,gzip}" in helped and "docker >= 23.0" in helped
+
+
+def test_the_workflow_is_valid_for_github(tmp_path: Path) -> None:
+    """check-jsonschema against the GitHub workflow schema it ships (no network)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+         str(REPO / ".github" / "workflows" / "images.yml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        (REPO / ".github/workflows/images.yml").read_text().replace("runs-on:", "runs_on:", 1)
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
+         str(broken)], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 1  # the check can fail
 
 
 # --- what the build job needs on GitHub's ubuntu-24.04 ---------------------------------------
@@ -223,7 +284,7 @@ def test_cuda_toolkit_matches_each_seed_spec() -> None:
         release = ".".join(loaded.spec.cuda.version.split(".")[:2])
         for tool in ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-cuda-cccl"):
             assert f"{tool}=={release}.*" in reqs, (name, reqs)
-        lock = tomllib.loads((REPO / "lockfiles" / f"{name}.pylock.toml").read_text())
+        lock = tomllib.loads((REPO / "lockfiles" / f"pylock.{name}.toml").read_text())
         versions = {p["name"]: p["version"] for p in lock["packages"]}
         for lib in ("nvidia-cublas", "nvidia-cusparse", "nvidia-cusolver"):
             assert f"{lib}=={versions[lib]}" in reqs, (name, lib)

@@ -69,7 +69,9 @@ def test_case_through_cli(case, tmp_path, cli):
             assert result.stderr.splitlines() == lines
         else:
             assert result.stdout.splitlines()[:-1] == lines
-            assert result.stdout.splitlines()[-1].endswith(": ok" if not lines else "warnings)")
+            n = len(lines)
+            ending = ": ok" if not n else (" (1 warning)" if n == 1 else f" ({n} warnings)")
+            assert result.stdout.splitlines()[-1].endswith(ending)
 
         as_json = cli("validate", "--json", specs / entry)
         assert as_json.exit_code == code
