@@ -20,6 +20,7 @@ from typing import Any
 from envbuild import proc
 from envbuild.base.model import BaseImage
 from envbuild.base.rootfs import base_from_output, import_image
+from envbuild.base.tarsafe import Limits
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
 from envbuild.store import Output, Store, digest_hex
@@ -60,7 +61,12 @@ def _raw_manifest(ref: str, digest: str, tls_verify: bool) -> dict[str, Any]:
 
 
 def pull(
-    store: Store, pin: ImageBaseLock, *, architecture: str = "amd64", tls_verify: bool = True
+    store: Store,
+    pin: ImageBaseLock,
+    *,
+    architecture: str = "amd64",
+    tls_verify: bool = True,
+    limits: Limits | None = None,
 ) -> BaseImage:
     """The image ``pin.ref@pin.digest`` (for ``linux/architecture`` when it is an index)."""
     inputs = {"recipe": RECIPE, "digest": pin.digest, "architecture": architecture}
@@ -107,7 +113,9 @@ def pull(
             config_digest = str((manifest.get("config") or {}).get("digest", ""))
             config_bytes = blob(config_digest).read_bytes()
             store.add_bytes(config_bytes, expected=config_digest)
-            return import_image(store, manifest, json.loads(config_bytes), blob, where=where)
+            return import_image(
+                store, manifest, json.loads(config_bytes), blob, where=where, limits=limits
+            )
 
     with store.session():
         got = store.build("base-image", inputs, builder)
