@@ -16,7 +16,9 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.base.model import DEFAULT_PATH, BaseImage
 from envbuild.base.tarsafe import (
@@ -87,6 +89,70 @@ def scan_layer(path: Path, media_type: str, tree: Tree) -> Scan:
     )
 
 
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class _Descriptor(_Loose):
+    mediaType: str = ""
+    digest: Digest
+
+
+class _Manifest(_Loose):
+    layers: list[_Descriptor] | None = None
+
+
+class _RunConfig(_Loose):
+    Env: list[str] | None = None
+    Entrypoint: list[str] | None = None
+    Cmd: list[str] | None = None
+    WorkingDir: str | None = None
+    User: str | None = None
+    Labels: dict[str, str] | None = None
+    ExposedPorts: dict[str, Any] | None = None
+    StopSignal: str | None = None
+
+
+class _RootFs(_Loose):
+    diff_ids: list[Digest] | None = None
+
+
+class _History(_Loose):
+    created_by: str = ""
+    comment: str = ""
+    empty_layer: bool = False
+    created: str | None = None
+
+
+class _Config(_Loose):
+    architecture: str = "amd64"
+    os: str = "linux"
+    variant: str | None = None
+    config: _RunConfig | None = None
+    rootfs: _RootFs | None = None
+    history: list[_History] | None = None
+
+
+def _check_shapes(manifest: Any, config: Any, where: str) -> None:
+    """Refuse an image manifest or config whose keys envbuild reads do not have their types
+    (an image of another tool is read as far as envbuild needs it, nothing more)."""
+    for what, model, doc in (("manifest", _Manifest, manifest), ("config", _Config, config)):
+        try:
+            model.model_validate(doc)
+        except ValidationError as exc:
+            bad = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+                for e in exc.errors()[:3]
+            )
+            raise ManifestError(
+                f"{where}: invalid image {what}: {bad}",
+                hint="the base image is malformed: pin another one",
+            ) from exc
+
+
 def import_image(
     store: Store,
     manifest: dict[str, Any],
@@ -99,6 +165,7 @@ def import_image(
     """Copy an image's layers into the store, verified and scanned (all layers together against
     one :class:`~envbuild.base.tarsafe.Tree` and ``limits``); the derivation output of an image
     base (``meta``: layers, config, history)."""
+    _check_shapes(manifest, config, where)
     descs = list(manifest.get("layers") or [])
     diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
     if len(descs) != len(diff_ids):
@@ -112,6 +179,8 @@ def import_image(
         if "foreign" in media_type or "nondistributable" in media_type:
             raise ManifestError(f"{where}: layer {i} is a foreign layer ({media_type})")
         compression = compression_of(media_type)
+        if not blob_path(digest).is_file():
+            raise ManifestError(f"{where}: layer {i} ({digest}) is missing")
         stored = store.add_file(blob_path(digest), expected=digest)
         tree.where = f"{where} layer {i} ({digest})"
         if i:
@@ -179,7 +248,10 @@ def from_oci_layout(
     inputs = {"recipe": RECIPE, "manifest": pin.digest}
 
     def builder() -> Output:
-        layout = read_oci_layout(path, digest=pin.digest)
+        try:
+            layout = read_oci_layout(path, digest=pin.digest)
+        except (ValueError, TypeError, AttributeError) as exc:  # a manifest that is not one
+            raise ManifestError(f"OCI layout {path}: not a readable image ({exc})") from exc
         return import_image(
             store,
             layout.manifest,

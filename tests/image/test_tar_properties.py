@@ -6,8 +6,10 @@ the target, never an expansion past the limits."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import json
 import shutil
 import tarfile
 import tempfile
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 
 from envbuild.base import rootfs
 from envbuild.base.tarsafe import Limits, Tree, safe_extract
-from envbuild.errors import ExitCode, UserError
+from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.image import ImageConfig, write_image, write_oci_layout
 from envbuild.layers import Compression, Layer, open_uncompressed
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
@@ -255,5 +257,64 @@ def test_oci_layout_reader(tmp_path: Path, layers: list[Any], cut: float | None)
                 safe_extract(f, box.root, where=layer.digest, tree=tree)
         check_extracted(box.root)
         box.check_nothing_outside(before)
+    finally:
+        box.close()
+
+
+# --- the JSON of an OCI layout ----------------------------------------------------------------
+
+KEYS = ["layers", "config", "digest", "mediaType", "rootfs", "diff_ids", "history", "Env",
+        "Cmd", "Labels", "created_by", "empty_layer", "architecture", "os"]  # fmt: skip
+json_values = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(), st.text(max_size=8),
+        st.sampled_from(["sha256:" + "0" * 64, "application/vnd.oci.image.layer.v1.tar+gzip"]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=4)), inner, max_size=4),
+    ),
+    max_leaves=15,
+)  # fmt: skip
+
+
+@PROPS
+@given(manifest=json_values, config=json_values, real=st.booleans())
+def test_oci_layout_json_of_any_shape(
+    tmp_path: Path, manifest: Any, config: Any, real: bool
+) -> None:
+    """A layout whose manifest and config are any JSON (or, with ``real``, a real layer put
+    into them where they have room): an envbuild error, never another exception."""
+
+    box = Sandbox(tmp_path)
+    try:
+        blobs = box.dir / "layout" / "blobs" / "sha256"
+        blobs.mkdir(parents=True)
+
+        def put(data: bytes) -> str:
+            (blobs / sha256(data)).write_bytes(data)
+            return "sha256:" + sha256(data)
+
+        raw = tar_bytes([(tarfile.TarInfo("a"), b"")], tarfile.GNU_FORMAT)
+        layer = put(gzip.compress(raw, mtime=0))
+        if real and isinstance(config, dict):
+            config["rootfs"] = {"diff_ids": ["sha256:" + sha256(raw)]}
+        config_digest = put(json.dumps(config).encode())
+        if real and isinstance(manifest, dict):
+            manifest["config"] = {"digest": config_digest, "mediaType": "x"}
+            manifest["layers"] = [
+                {
+                    "digest": layer,
+                    "mediaType": KEYS and "application/vnd.oci.image.layer.v1.tar+gzip",
+                }
+            ]
+        digest = put(json.dumps(manifest).encode())
+        (box.dir / "layout" / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        (box.dir / "layout" / "index.json").write_text(
+            json.dumps({"schemaVersion": 2, "manifests": [{"digest": digest, "mediaType": "x"}]})
+        )
+        pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=digest)
+        with contextlib.suppress(EnvbuildError):
+            rootfs.from_oci_layout(box.store, box.dir / "layout", pin, limits=LIMITS)
     finally:
         box.close()
