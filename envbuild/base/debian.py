@@ -29,7 +29,8 @@ from typing import Any
 
 from envbuild import proc, scratch
 from envbuild.base.model import DEFAULT_PATH, BaseImage
-from envbuild.base.tarsafe import Tree, located, open_tar, tar_entries
+from envbuild.base.tarread import located, open_tar, tar_entries
+from envbuild.base.tarsafe import Tree
 from envbuild.errors import IntegrityError
 from envbuild.image import History, ImageConfig
 from envbuild.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer

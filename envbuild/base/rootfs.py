@@ -21,10 +21,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.base.model import DEFAULT_PATH, BaseImage
-from envbuild.base.tarsafe import (
-    Limits,
+from envbuild.base.tarread import (
     Readable,
-    Tree,
     located,
     open_stream,
     open_tar,
@@ -32,6 +30,7 @@ from envbuild.base.tarsafe import (
     sniff,
     tar_entries,
 )
+from envbuild.base.tarsafe import Limits, Tree
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.image import History, ImageConfig, read_oci_layout

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envbuild.base import rootfs
-from envbuild.base.tarsafe import Limits, Tree, safe_extract
+from envbuild.base.tarread import safe_extract
+from envbuild.base.tarsafe import Limits, Tree
 from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.image import ImageConfig, write_image, write_oci_layout
 from envbuild.layers import Compression, Layer, open_uncompressed
