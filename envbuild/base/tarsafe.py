@@ -72,7 +72,7 @@ class Limits:
 
 
 def _gib(n: int) -> str:
-    return f"{n / GIB:g} GiB"
+    return f"{n / GIB:.4g} GiB"
 
 
 SPARSE_HINT = "sparse members are refused (re-create the archive without --sparse)"

@@ -268,3 +268,30 @@ def test_the_oci_layout_test_tools_agree(tmp_path):
     layout, pin = layout_of(tmp_path, [data])
     rootfs.from_oci_layout(Store(tmp_path / "s2"), layout, pin)
     shutil.rmtree(tmp_path / "s2")
+
+
+def test_the_spec_sets_the_limit(tmp_path):
+    """``base.max_unpacked_gib`` reaches the reader through build_base."""
+    from envbuild.base import build_base
+    from envbuild.spec.load import load_spec
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "specs").mkdir()
+    data = compress(tar_bytes([member("zeros", data=bytes(4 << 20))]), "gzip")
+    (tmp_path / "root.tar.gz").write_bytes(data)
+    spec = tmp_path / "specs" / "x.toml"
+    body = (
+        '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
+        "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n"
+    )
+    for limit, ok in (("0.001", False), ("1", True)):
+        spec.write_text(
+            f'[base]\nkind = "rootfs"\npath = "../root.tar.gz"\nsha256 = "{sha256(data)}"\n'
+            f"max_unpacked_gib = {limit}\n" + body
+        )
+        store = Store(tmp_path / f"store-{limit}")
+        if ok:
+            assert build_base(store, load_spec(spec), compression=Compression.NONE).layers
+        else:
+            with pytest.raises(UnsafeArchive, match=r"expands to more than 0\.001 GiB"):
+                build_base(store, load_spec(spec), compression=Compression.NONE)
