@@ -27,7 +27,9 @@ from envbuild.store import DIGEST_RE, Output, Store, digest_hex
 
 log = logging.getLogger("envbuild.base")
 
-RECIPE = 1
+#: 2: the member rules of :mod:`envbuild.base.tarsafe`: an image pulled under older rules is
+#: read again.
+RECIPE = 2
 HINT = "check that the registry answers and holds that digest (skopeo: apt-get install skopeo)"
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
