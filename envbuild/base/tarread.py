@@ -66,7 +66,9 @@ _PAX = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 class _Header(tarfile.TarInfo):
     """tarfile's member, refusing sparse members and oversized headers before tarfile acts on
     them (it reads a long name or PAX header into memory, and expands sparse maps), and turning
-    a corrupt or cut header after the first into an error instead of a quiet end of archive."""
+    a corrupt or cut header after the first into an error instead of a quiet end of archive.
+    The methods it overrides are CPython tarfile's own (the same names from 3.8 to 3.14); the
+    sparse and long-header tests of tests/image/test_base_rules.py fail if they move."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Any:
@@ -273,7 +275,7 @@ def safe_extract(stream: IO[bytes], target: Path, *, where: str, tree: Tree | No
     with located(tree), open_tar(stream) as tf:
         for m in tf:
             path = tree.admit(m)
-            if path is None or (is_device(m)):
+            if path is None or is_device(m):
                 continue
             dest = _safe_dest(root, path, where=where)
             name = posixpath.basename(path)
