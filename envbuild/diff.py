@@ -631,8 +631,9 @@ def compare(a: Side, b: Side) -> DiffResult:
             if missing.kind == "build manifest" or key == "state":
                 skipped.setdefault(f"{missing.label} ({missing.kind}) has none", []).append(title)
             elif key.startswith("packages "):
-                dists = len(set(facts) - {"python", "torch build"})
-                shown = f"{facts['python'].text}, {dists} distributions"
+                python = facts.get("python")  # a build manifest need not say its Python
+                count = len(set(facts) - {"python", "torch build"})
+                shown = f"{python.text + ', ' if python else ''}{count} distributions"
                 env = key.removeprefix("packages ")
                 before, after = (None, shown) if missing is a else (shown, None)
                 envs.changes.append(Change(env, before, after))

@@ -16,6 +16,7 @@ top. The whole stays within the spec's layer budget (``[image] max_layers``, def
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envbuild.errors import ManifestError, UserError
 from envbuild.install import INSTALL_FORMAT, VENV_FORMAT, VenvTarget, WheelRef
 from envbuild.lock.model import Lock
+from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
 from envbuild.store import derivation_key
 
@@ -363,10 +365,22 @@ def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
     if spec.serve:
         env.update({k: v for k, v in spec.serve.env.items() if not SECRET_REF.search(v)})
     env.update(spec.image.env)
+    extra = list(spec.serve.extra_args) if spec.serve else []
+    secret = set()
+    for arg in secret_args(extra):
+        if arg.value is None or not SECRET_REF.fullmatch(arg.value):
+            raise UserError(
+                f"serve.extra_args: the value of {arg.flag.flag} must be a ${{VAR}} reference "
+                "(a literal secret would be written into the image)",
+                hint=f'write it as "${{{arg.flag.env}}}" and pass {arg.flag.env} at run time',
+            )
+        secret.add(arg.index)
+    run_time: set[int] = set()  # arguments of cmd filled in when the container starts
     if spec.image.cmd is not None:
         cmd = list(spec.image.cmd)
     elif spec.serve and spec.vllm and spec.model:
         cmd = vllm_serve_cmd(spec)
+        run_time = {len(cmd) - len(extra) + i for i in secret}
     else:
         cmd = ["python3"]
     labels = {
@@ -377,9 +391,9 @@ def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
     }
     for where, values in (
         ("image.env", list(spec.image.env.values())),
-        ("image.cmd", cmd),
+        ("image.cmd", [a for i, a in enumerate(cmd) if i not in run_time]),
         ("image.labels", list(spec.image.labels.values())),
-        ("serve.extra_args", list(spec.serve.extra_args) if spec.serve else []),
+        ("serve.extra_args", [a for i, a in enumerate(extra) if i not in secret]),
     ):
         for value in values:
             if m := SECRET_REF.search(value):
@@ -389,7 +403,29 @@ def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
                     hint="pass secrets at run time through [serve.env] (they stay out of the "
                     "image) or `docker run -e`",
                 )
+    if any(SECRET_REF.search(cmd[i]) for i in run_time):
+        cmd = run_time_command(cmd, run_time)
     return ImageConfig(env=env, cmd=cmd, labels=labels, workdir=spec.image.workdir)
+
+
+def run_time_command(cmd: Sequence[str], secret: set[int]) -> list[str]:
+    """``cmd`` as a ``/bin/sh -c`` command line that fills each ``${VAR}`` of the arguments at
+    ``secret`` in from the container's environment as it starts (``docker run -e VAR``), and
+    stops with "VAR: is not set" when it is missing. Every other argument is quoted as it is:
+    the image's config names the variables, never their values."""
+    words = []
+    for i, arg in enumerate(cmd):
+        if i not in secret:
+            words.append(shlex.quote(arg))
+            continue
+        parts = SECRET_REF.split(arg)  # literal, name, literal, name, ...
+        words.append(
+            "".join(
+                f'"${{{part}:?is not set}}"' if odd else (shlex.quote(part) if part else "")
+                for odd, part in ((k % 2 == 1, p) for k, p in enumerate(parts))
+            )
+        )
+    return ["/bin/sh", "-c", "exec " + " ".join(words)]
 
 
 def vllm_serve_cmd(spec: Spec) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 
 from envbuild.errors import EnvironmentFailure, UserError
+from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
 
 _SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
@@ -35,9 +36,17 @@ def _quote(value: str, *, dollar: bool) -> str:
     return '"' + "".join(_ESCAPES.get(c, c) for c in text) + '"'
 
 
+class RunTimeArg(str):
+    """An ExecStart argument whose ``${NAME}`` systemd fills in from the unit's environment (the
+    EnvironmentFile): the value of a secret flag in ``serve.extra_args``."""
+
+    __slots__ = ()
+
+
 def quote_arg(value: str) -> str:
-    """One ExecStart argument as systemd parses it back."""
-    return _quote(value, dollar=True)
+    """One ExecStart argument as systemd parses it back (a :class:`RunTimeArg` keeps its
+    ``${NAME}`` for systemd to expand, as exactly one argument)."""
+    return _quote(value, dollar=not isinstance(value, RunTimeArg))
 
 
 def quote_env(assignment: str) -> str:
@@ -64,7 +73,9 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["unit_argv"] = lambda argv: " ".join(quote_arg(str(a)) for a in argv)
+    env.filters["unit_argv"] = lambda argv: " ".join(
+        quote_arg(a if isinstance(a, str) else str(a)) for a in argv
+    )
     env.filters["unit_env"] = quote_env
     env.filters["unit_path"] = quote_path
     return env
@@ -90,10 +101,19 @@ def split_env(spec: Spec) -> tuple[dict[str, str], dict[str, str]]:
     return plain, secret
 
 
+def _secret_arg_names(spec: Spec) -> list[str]:
+    """The variables the secret flags of ``serve.extra_args`` name (``--api-key ${NAME}``)."""
+    args = spec.serve.extra_args if spec.serve else []
+    return sorted(
+        {m.group(1) for a in secret_args(args) if a.value for m in SECRET_REF.finditer(a.value)}
+    )
+
+
 def secret_names(spec: Spec) -> list[str]:
     """The caller's environment variables the unit's secrets are read from."""
     _plain, secret = split_env(spec)
-    return sorted({m.group(1) for v in secret.values() for m in SECRET_REF.finditer(v)})
+    names = {m.group(1) for v in secret.values() for m in SECRET_REF.finditer(v)}
+    return sorted(names | set(_secret_arg_names(spec)))
 
 
 def exec_start(spec: Spec, venv: Path) -> list[str]:
@@ -127,7 +147,9 @@ def exec_start(spec: Spec, venv: Path) -> list[str]:
     ]
     if serve.served_model_name:
         argv += ["--served-model-name", serve.served_model_name]
-    argv += ["--host", serve.host, "--port", str(serve.port), *serve.extra_args]
+    run_time = {a.index for a in secret_args(serve.extra_args) if a.value}
+    extra = [RunTimeArg(a) if i in run_time else a for i, a in enumerate(serve.extra_args)]
+    argv += ["--host", serve.host, "--port", str(serve.port), *extra]
     return argv
 
 
@@ -170,8 +192,10 @@ def render_env_file(spec: Spec, environ: Mapping[str, str]) -> str:
             hint="export them before running envbuild (they are written only to a 0600 file)",
         )
     lines = [f"# Secrets for {unit_name(spec.name)}, written by envbuild; mode 0600."]
-    for key in sorted(secret):
-        value = SECRET_REF.sub(lambda m: environ[m.group(1)], secret[key])
+    # the variables secret flags name are expanded by systemd in ExecStart
+    templates = {**{n: f"${{{n}}}" for n in _secret_arg_names(spec)}, **secret}
+    for key in sorted(templates):
+        value = SECRET_REF.sub(lambda m: environ[m.group(1)], templates[key])
         if "\n" in value or "\0" in value:
             raise EnvironmentFailure(
                 f"the secret for {key} holds a newline or NUL, which an EnvironmentFile "

@@ -18,6 +18,7 @@ from typing import Any
 
 from envbuild.base import debian, registry, rootfs
 from envbuild.base.model import DEFAULT_PATH, BaseImage
+from envbuild.base.tarsafe import Limits
 from envbuild.layers import Compression
 from envbuild.lock.model import (
     BaseLock,
@@ -50,13 +51,14 @@ def build_base(
         pinned = lock if isinstance(lock, DebianBaseLock) else None
         return debian.build(store, spec_base, pinned, compression=compression)
     pin = lock_base(loaded)
+    limits = Limits.of(spec_base.max_unpacked_gib)
     if isinstance(pin, ImageBaseLock):
-        return registry.pull(store, pin, tls_verify=tls_verify)
+        return registry.pull(store, pin, tls_verify=tls_verify, limits=limits)
     root = Path(loaded.root)
     if isinstance(pin, OciLayoutBaseLock):
-        return rootfs.from_oci_layout(store, root / pin.path, pin)
+        return rootfs.from_oci_layout(store, root / pin.path, pin, limits=limits)
     assert isinstance(pin, RootfsBaseLock)
-    return rootfs.from_tarball(store, root / pin.path, pin, compression=compression)
+    return rootfs.from_tarball(store, root / pin.path, pin, compression=compression, limits=limits)
 
 
 def resolve_debian(store: Store, spec_base: Any) -> DebianBaseLock:

@@ -23,14 +23,14 @@ import logging
 import os
 import shutil
 import stat
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from envbuild import proc, scratch
 from envbuild.base.model import DEFAULT_PATH, BaseImage
-from envbuild.base.tarsafe import tar_entries
+from envbuild.base.tarread import located, open_tar, tar_entries
+from envbuild.base.tarsafe import Tree
 from envbuild.errors import IntegrityError
 from envbuild.image import History, ImageConfig, layer_history
 from envbuild.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer
@@ -173,8 +173,9 @@ def _read_packages(out: Path) -> list[DebianPackageLock]:
 
 
 def _repack(store: Store, tar: Path, compression: Compression, sde: int) -> Layer:
-    with tarfile.open(tar, "r:") as tf:
-        entries = tar_entries(tf, where=f"the mmdebstrap rootfs {tar.name}")
+    tree = Tree(f"the mmdebstrap rootfs {tar.name}")
+    with open_tar(name=tar) as tf, located(tree):
+        entries = tar_entries(tf, tree)
         return write_layer(store, entries, compression=compression, mtime=sde)
 
 

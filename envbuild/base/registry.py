@@ -20,13 +20,16 @@ from typing import Any
 from envbuild import proc
 from envbuild.base.model import BaseImage
 from envbuild.base.rootfs import base_from_output, import_image
+from envbuild.base.tarsafe import Limits
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
-from envbuild.store import Output, Store, digest_hex
+from envbuild.store import DIGEST_RE, Output, Store, digest_hex
 
 log = logging.getLogger("envbuild.base")
 
-RECIPE = 1
+#: 2: the member rules of :mod:`envbuild.base.tarsafe`: an image pulled under older rules is
+#: read again.
+RECIPE = 2
 HINT = "check that the registry answers and holds that digest (skopeo: apt-get install skopeo)"
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -55,12 +58,27 @@ def _raw_manifest(ref: str, digest: str, tls_verify: bool) -> dict[str, Any]:
     actual = f"sha256:{hashlib.sha256(data).hexdigest()}"
     if actual != digest:
         raise IntegrityError(f"{ref}@{digest}: the registry served a manifest with digest {actual}")
-    doc: dict[str, Any] = json.loads(data)
+    return _object(data, f"{ref}@{digest}", "manifest")
+
+
+def _object(data: bytes, where: str, what: str) -> dict[str, Any]:
+    """A JSON object from the registry, or a :class:`ManifestError` naming what it is not."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{where}: the {what} is not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{where}: the {what} is not a JSON object")
     return doc
 
 
 def pull(
-    store: Store, pin: ImageBaseLock, *, architecture: str = "amd64", tls_verify: bool = True
+    store: Store,
+    pin: ImageBaseLock,
+    *,
+    architecture: str = "amd64",
+    tls_verify: bool = True,
+    limits: Limits | None = None,
 ) -> BaseImage:
     """The image ``pin.ref@pin.digest`` (for ``linux/architecture`` when it is an index)."""
     inputs = {"recipe": RECIPE, "digest": pin.digest, "architecture": architecture}
@@ -70,15 +88,20 @@ def pull(
         digest = pin.digest
         doc = _raw_manifest(pin.ref, digest, tls_verify)
         if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
+            listed = doc.get("manifests")
             wanted = [
                 m
-                for m in doc.get("manifests") or []
-                if (m.get("platform") or {}).get("os") == "linux"
-                and (m.get("platform") or {}).get("architecture") == architecture
+                for m in (listed if isinstance(listed, list) else [])
+                if isinstance(m, dict)
+                and isinstance(m.get("platform"), dict)
+                and m["platform"].get("os") == "linux"
+                and m["platform"].get("architecture") == architecture
             ]
             if not wanted:
                 raise ManifestError(f"{where} has no linux/{architecture} image")
-            digest = str(wanted[0]["digest"])
+            digest = str(wanted[0].get("digest"))
+            if not DIGEST_RE.match(digest):
+                raise ManifestError(f"{where}: its index names a bad digest {digest[:80]!r}")
         with store.temp_dir("pull-") as work:
             folder = work / "image"
             log.info("pulling %s", where)
@@ -98,16 +121,22 @@ def pull(
             data = (folder / "manifest.json").read_bytes()
             if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
                 raise IntegrityError(f"{where}: skopeo wrote a manifest that is not {digest}")
-            manifest = json.loads(data)
+            manifest = _object(data, where, "manifest")
             store.add_bytes(data, expected=digest)
 
             def blob(d: str) -> Path:
                 return folder / digest_hex(d)
 
-            config_digest = str((manifest.get("config") or {}).get("digest", ""))
+            config_desc = manifest.get("config")
+            config_digest = (
+                str(config_desc.get("digest", "")) if isinstance(config_desc, dict) else ""
+            )
+            if not DIGEST_RE.match(config_digest):
+                raise ManifestError(f"{where}: the manifest names no config digest")
             config_bytes = blob(config_digest).read_bytes()
             store.add_bytes(config_bytes, expected=config_digest)
-            return import_image(store, manifest, json.loads(config_bytes), blob, where=where)
+            config = _object(config_bytes, where, "config")
+            return import_image(store, manifest, config, blob, where=where, limits=limits)
 
     with store.session():
         got = store.build("base-image", inputs, builder)

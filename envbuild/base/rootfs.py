@@ -3,26 +3,34 @@
 An image's layers are imported as they are (same blobs, same digests; Docker media types become
 their OCI equivalents, which name the same bytes), after each one is read through: its digest,
 its diff_id against the config's ``rootfs.diff_ids``, and every member's path and link checked by
-:mod:`envbuild.base.tarsafe`. A rootfs tarball (plain, gzip, zstd or xz) is checked against its
-sha256, then re-packed into one deterministic layer (modes and numeric owners kept).
+:mod:`envbuild.base.tarsafe`. A rootfs tarball (plain, gzip, zstd, xz or bzip2) is checked
+against its sha256, then re-packed into one deterministic layer (modes and numeric owners kept).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import logging
-import lzma
 import shutil
-import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.base.model import DEFAULT_PATH, BaseImage
-from envbuild.base.tarsafe import UnsafeArchive, check_symlink, member_path, tar_entries
+from envbuild.base.tarread import (
+    Readable,
+    located,
+    open_stream,
+    open_tar,
+    scan,
+    sniff,
+    tar_entries,
+)
+from envbuild.base.tarsafe import Limits, Tree
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.image import History, ImageConfig, read_oci_layout
@@ -32,7 +40,6 @@ from envbuild.layers import (
     Layer,
     compression_of,
     compressor_id,
-    open_uncompressed,
     source_date_epoch,
     write_layer,
 )
@@ -41,15 +48,17 @@ from envbuild.store import Output, Store
 
 log = logging.getLogger("envbuild.base")
 
-#: Bump when importing or re-packing changes what a pinned base produces.
-RECIPE = 1
+#: Bump when importing or re-packing changes what a pinned base produces. 2: the member rules
+#: of :mod:`envbuild.base.tarsafe` (sparse members, limits, symlinks across layers): a base
+#: imported under the older rules is read again.
+RECIPE = 2
 CHUNK = 1 << 20
 
 
 class _HashingReader:
     """A read-only stream that hashes and counts what passes through it."""
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: Readable) -> None:
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
 
     def read(self, n: int = -1) -> bytes:
@@ -57,10 +66,6 @@ class _HashingReader:
         self.sha.update(data)
         self.size += len(data)
         return data
-
-    def drain(self) -> None:
-        while self.read(CHUNK):
-            pass
 
 
 @dataclass(frozen=True)
@@ -72,28 +77,79 @@ class Scan:
     file_bytes: int
 
 
-def scan_layer(path: Path, media_type: str, *, where: str) -> Scan:
-    """Read a layer blob through: its diff_id and summary, every member checked for safety."""
-    entries = files = file_bytes = 0
-    links: dict[str, str] = {}
-    with open_uncompressed(path, media_type) as raw:
+def scan_layer(path: Path, media_type: str, tree: Tree) -> Scan:
+    """Read a layer blob through: its diff_id and summary, every member checked by ``tree``
+    (which holds what the image's lower layers made)."""
+    with open_stream(path, compression_of(media_type).value, tree) as raw:
         reader = _HashingReader(raw)
-        with tarfile.open(fileobj=reader, mode="r|") as tf:  # type: ignore[call-overload]
-            for m in tf:
-                name = member_path(m.name, where=where)
-                entries += 1
-                if m.issym():
-                    links[name] = m.linkname
-                    check_symlink(name, m.linkname, where=where, readlink=links.get)
-                elif m.islnk():
-                    member_path(m.linkname, where=where)
-                elif (m.ischr() or m.isblk() or m.isfifo()) and not name.startswith("dev/"):
-                    raise UnsafeArchive(where, f"member {m.name!r} is a device file or fifo")
-                elif m.isreg():
-                    files += 1
-                    file_bytes += m.size
-        reader.drain()
-    return Scan(f"sha256:{reader.sha.hexdigest()}", reader.size, entries, files, file_bytes)
+        got = scan(reader, tree)
+    return Scan(
+        f"sha256:{reader.sha.hexdigest()}", reader.size, got.members, got.files, got.file_bytes
+    )
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+Digest = Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
+
+
+class _Descriptor(_Loose):
+    mediaType: str = ""
+    digest: Digest
+
+
+class _Manifest(_Loose):
+    layers: list[_Descriptor] | None = None
+
+
+class _RunConfig(_Loose):
+    Env: list[str] | None = None
+    Entrypoint: list[str] | None = None
+    Cmd: list[str] | None = None
+    WorkingDir: str | None = None
+    User: str | None = None
+    Labels: dict[str, str] | None = None
+    ExposedPorts: dict[str, Any] | None = None
+    StopSignal: str | None = None
+
+
+class _RootFs(_Loose):
+    diff_ids: list[Digest] | None = None
+
+
+class _History(_Loose):
+    created_by: str = ""
+    comment: str = ""
+    empty_layer: bool = False
+    created: str | None = None
+
+
+class _Config(_Loose):
+    architecture: str = "amd64"
+    os: str = "linux"
+    variant: str | None = None
+    config: _RunConfig | None = None
+    rootfs: _RootFs | None = None
+    history: list[_History] | None = None
+
+
+def _check_shapes(manifest: Any, config: Any, where: str) -> None:
+    """Refuse an image manifest or config whose keys envbuild reads do not have their types
+    (an image of another tool is read as far as envbuild needs it, nothing more)."""
+    for what, model, doc in (("manifest", _Manifest, manifest), ("config", _Config, config)):
+        try:
+            model.model_validate(doc)
+        except ValidationError as exc:
+            bad = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+                for e in exc.errors()[:3]
+            )
+            raise ManifestError(
+                f"{where}: invalid image {what}: {bad}",
+                hint="the base image is malformed: pin another one",
+            ) from exc
 
 
 def import_image(
@@ -103,9 +159,12 @@ def import_image(
     blob_path: Callable[[str], Path],
     *,
     where: str,
+    limits: Limits | None = None,
 ) -> Output:
-    """Copy an image's layers into the store, verified and scanned; the derivation output of an
-    image base (``meta``: layers, config, history)."""
+    """Copy an image's layers into the store, verified and scanned (all layers together against
+    one :class:`~envbuild.base.tarsafe.Tree` and ``limits``); the derivation output of an image
+    base (``meta``: layers, config, history)."""
+    _check_shapes(manifest, config, where)
     descs = list(manifest.get("layers") or [])
     diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
     if len(descs) != len(diff_ids):
@@ -113,13 +172,19 @@ def import_image(
             f"{where}: the manifest lists {len(descs)} layers, the config {len(diff_ids)}"
         )
     layers: list[Layer] = []
+    tree = Tree(where, limits)
     for i, (desc, diff_id) in enumerate(zip(descs, diff_ids, strict=True)):
         digest, media_type = str(desc.get("digest")), str(desc.get("mediaType", ""))
         if "foreign" in media_type or "nondistributable" in media_type:
             raise ManifestError(f"{where}: layer {i} is a foreign layer ({media_type})")
         compression = compression_of(media_type)
+        if not blob_path(digest).is_file():
+            raise ManifestError(f"{where}: layer {i} ({digest}) is missing")
         stored = store.add_file(blob_path(digest), expected=digest)
-        scan = scan_layer(store.blob_path(stored), media_type, where=f"{where} layer {i}")
+        tree.where = f"{where} layer {i} ({digest})"
+        if i:
+            tree.next_layer()
+        scan = scan_layer(store.blob_path(stored), media_type, tree)
         if scan.diff_id != diff_id:
             raise IntegrityError(
                 f"{where}: layer {i} uncompresses to {scan.diff_id}, the config says {diff_id}"
@@ -138,6 +203,8 @@ def import_image(
                 file_bytes=scan.file_bytes,
             )
         )
+    tree.where = where
+    tree.finish()
     history = [
         History(
             created_by=str(h.get("created_by", "")),
@@ -173,14 +240,24 @@ def base_from_output(kind: str, key: str, meta: dict[str, Any], lock: BaseLock) 
     )
 
 
-def from_oci_layout(store: Store, path: Path, pin: OciLayoutBaseLock) -> BaseImage:
+def from_oci_layout(
+    store: Store, path: Path, pin: OciLayoutBaseLock, *, limits: Limits | None = None
+) -> BaseImage:
     """The image ``pin.digest`` of the OCI layout at ``path``."""
     inputs = {"recipe": RECIPE, "manifest": pin.digest}
 
     def builder() -> Output:
-        layout = read_oci_layout(path, digest=pin.digest)
+        try:
+            layout = read_oci_layout(path, digest=pin.digest)
+        except (ValueError, TypeError, AttributeError) as exc:  # a manifest that is not one
+            raise ManifestError(f"OCI layout {path}: not a readable image ({exc})") from exc
         return import_image(
-            store, layout.manifest, layout.config, layout.blob_path, where=f"OCI layout {path}"
+            store,
+            layout.manifest,
+            layout.config,
+            layout.blob_path,
+            where=f"OCI layout {path}",
+            limits=limits,
         )
 
     with store.session():
@@ -189,24 +266,17 @@ def from_oci_layout(store: Store, path: Path, pin: OciLayoutBaseLock) -> BaseIma
 
 
 @contextlib.contextmanager
-def _plain_tar(path: Path, work: Path) -> Iterator[Path]:
-    """``path`` as an uncompressed (seekable) tarball: itself, or a decompressed copy."""
-    with path.open("rb") as f:
-        magic = f.read(6)
-    with contextlib.ExitStack() as stack:
-        src: Any
-        if magic[:2] == b"\x1f\x8b":
-            src = stack.enter_context(gzip.open(path, "rb"))
-        elif magic == b"\xfd7zXZ\x00":
-            src = stack.enter_context(lzma.open(path, "rb"))
-        elif magic[:4] == b"\x28\xb5\x2f\xfd":
-            src = stack.enter_context(open_uncompressed(path, MEDIA_TYPES[Compression.ZSTD]))
-        else:
-            yield path
-            return
-        out = work / "rootfs.tar"
-        with out.open("wb") as dst:
-            shutil.copyfileobj(src, dst, CHUNK)
+def _plain_tar(path: Path, work: Path, tree: Tree) -> Iterator[Path]:
+    """``path`` as an uncompressed (seekable) tarball: itself, or a decompressed copy (bounded
+    by the tree's limits as it is written)."""
+    compression = sniff(path)
+    if compression == "none":
+        tree.charge(path.stat().st_size)
+        yield path
+        return
+    out = work / "rootfs.tar"
+    with open_stream(path, compression, tree) as src, out.open("wb") as dst:
+        shutil.copyfileobj(src, dst, CHUNK)
     yield out
 
 
@@ -216,8 +286,10 @@ def from_tarball(
     pin: RootfsBaseLock,
     *,
     compression: Compression = Compression.ZSTD,
+    limits: Limits | None = None,
 ) -> BaseImage:
-    """The rootfs tarball at ``path``, which must have sha256 ``pin.sha256``."""
+    """The rootfs tarball at ``path``, which must have sha256 ``pin.sha256`` (plain, gzip, xz,
+    zstd or bzip2), read under ``limits``."""
     sde = source_date_epoch()
     inputs = {
         "recipe": RECIPE,
@@ -237,13 +309,15 @@ def from_tarball(
                 f"{where} has sha256 {actual}, the spec pins {pin.sha256}",
                 hint="the file changed: restore it, or update base.sha256 and relock",
             )
-        with store.temp_dir("rootfs-") as work, _plain_tar(path, work) as plain:
-            try:
-                with tarfile.open(plain, "r:") as tf:
-                    entries = tar_entries(tf, where=where)
-                    layer = write_layer(store, entries, compression=compression, mtime=sde)
-            except tarfile.TarError as exc:
-                raise UnsafeArchive(path, f"is not a tar archive ({exc})") from exc
+        tree = Tree(where, limits)
+        with (
+            store.temp_dir("rootfs-") as work,
+            _plain_tar(path, work, tree) as plain,
+            located(tree),
+            open_tar(name=plain) as tf,
+        ):
+            entries = tar_entries(tf, tree)
+            layer = write_layer(store, entries, compression=compression, mtime=sde)
         history = [History(created_by=f"envbuild: rootfs tarball sha256:{pin.sha256[:12]}")]
         return Output(
             {"layer": layer.digest},

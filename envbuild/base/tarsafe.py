@@ -1,43 +1,94 @@
-"""Reading and extracting base tarballs without ever writing outside the target.
+"""The rules every member of a base obeys, in one place, so no reader can write outside its target.
 
-A base comes from outside (a rootfs tarball, a layer of a pulled image), so every member is
-checked before it is used:
+A base comes from outside (a rootfs tarball, the layers of an OCI layout or of a pulled image).
+Every reader of it in :mod:`envbuild.base.tarread` — ``tar_entries`` (a rootfs, re-packed),
+``scan`` (an image layer, kept as it is) and ``safe_extract`` (unpacking) — passes each member
+through :meth:`Tree.admit`, the one definition of the rules:
 
-* a name that is absolute or holds ``..`` is refused;
-* a symlink whose relative target climbs out of the root is refused (an absolute target is kept:
-  inside the image it names a path of the image, and it is never followed here);
-* a hardlink must name a regular file that came earlier in the same archive, inside the root;
-* a member below a symlink (``evil -> /etc`` then ``evil/passwd``) is refused;
-* device files and fifos are dropped under ``dev/`` (the engine provides /dev) and refused
-  elsewhere.
+* a name that is absolute or holds ``..`` is refused, and so is a path longer than Linux takes
+  (4096 bytes, 255 a component);
+* a member below a symlink or a non-directory (``evil -> /etc`` then ``evil/passwd``) is refused,
+  also when the symlink came from a lower layer of the same image;
+* a member that is not a directory may not replace a directory that holds members;
+* a symlink whose relative target climbs out of the root (following the symlinks known so far,
+  and checked again against the whole tree at the end) is refused; an absolute target names a
+  path of the image, and is never followed here;
+* a hardlink must name a regular file that came earlier (in the archive or a lower layer), and a
+  file a hardlink names may not be replaced afterwards;
+* device files and fifos are allowed under ``dev/`` only (a re-packed rootfs drops them: the
+  engine provides /dev); sparse members are refused (a 10 KB tarball can declare a 4 GiB file);
+  owners are 0 … 2^32-1;
+* PAX and GNU long-name headers are at most 1 MiB; a base holds at most :class:`Limits` members
+  and uncompressed bytes, counted as the bytes are read (so a bomb stops at the limit);
+* a truncated or corrupt compressed stream, a corrupt tar header or a member cut short is a
+  :class:`CorruptArchive` naming the file and what is wrong.
 
-:func:`tar_entries` turns a seekable tarball into layer :class:`~envbuild.layers.Entry` items
-(modes and numeric owners kept, contents read lazily); :func:`safe_extract` unpacks a tar stream
-(applying whiteouts) into a directory, creating files with ``O_NOFOLLOW | O_EXCL``.
+Every refusal is a user error (exit 2). Whiteouts (``.wh.<name>``, ``.wh..wh..opq``) hide what
+lower layers made, as the OCI image spec says (not what the same layer made).
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import posixpath
-import shutil
-import stat
 import tarfile
 from collections.abc import Callable
-from pathlib import Path
-from typing import IO
+from dataclasses import dataclass
 
 from envbuild.errors import InputFileError
-from envbuild.layers import OPAQUE, WHITEOUT, Entry, Kind
+from envbuild.layers import OPAQUE, WHITEOUT
 
-log = logging.getLogger("envbuild.base")
-
-CHUNK = 1 << 20
+GIB = 1 << 30
+PATH_MAX, NAME_MAX = 4096, 255
+MAX_ID = (1 << 32) - 1
 
 
 class UnsafeArchive(InputFileError):
     """A base tarball tries to write outside its target, or holds what a layer cannot."""
+
+
+class CorruptArchive(UnsafeArchive):
+    """A base tarball or layer is truncated or corrupt (its compression or its tar headers)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one base may expand to (all its layers together).
+
+    ``max_bytes``: uncompressed tar bytes; ``max_ratio``: uncompressed bytes per compressed byte
+    of each stream once past ``ratio_free`` bytes (None: no ratio limit); ``max_members``.
+    The defaults are documented in docs/image.md; a spec's ``base.max_unpacked_gib`` replaces
+    the byte and ratio limits with its own figure."""
+
+    max_bytes: int = 64 * GIB
+    max_ratio: int | None = 100
+    ratio_free: int = GIB
+    max_members: int = 2_000_000
+
+    @classmethod
+    def of(cls, max_unpacked_gib: float | None) -> Limits:
+        if max_unpacked_gib is None:
+            return cls()
+        return cls(max_bytes=int(max_unpacked_gib * GIB), max_ratio=None)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.4g} GiB"
+
+
+SPARSE_HINT = "sparse members are refused (re-create the archive without --sparse)"
+
+
+# --- the rules --------------------------------------------------------------------------------
+
+
+class _Node:
+    __slots__ = ("children", "kind", "layer", "link")
+
+    def __init__(self, kind: str, layer: int, link: str = "") -> None:
+        self.kind = kind  # "dir", "file", "symlink" or "device"
+        self.layer = layer
+        self.link = link
+        self.children: dict[str, _Node] = {}
 
 
 def member_path(name: str, *, where: str) -> str:
@@ -47,7 +98,12 @@ def member_path(name: str, *, where: str) -> str:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise UnsafeArchive(where, f"member {name!r} climbs out with '..'; refusing the archive")
-    return "/".join(parts)
+    path = "/".join(parts)
+    if len(path.encode(errors="surrogateescape")) > PATH_MAX or any(
+        len(p.encode(errors="surrogateescape")) > NAME_MAX for p in parts
+    ):
+        raise UnsafeArchive(where, f"member {name[:80]!r}… has a name longer than Linux takes")
+    return path
 
 
 def check_symlink(
@@ -61,7 +117,9 @@ def check_symlink(
     if target.startswith("/"):
         return
     if _climbs_out(posixpath.dirname(path), target, readlink or (lambda _p: None)):
-        raise UnsafeArchive(where, f"symlink {path!r} -> {target!r} points outside the root")
+        raise UnsafeArchive(
+            where, f"symlink {path!r} -> {target!r} points outside the root (or loops)"
+        )
 
 
 def _climbs_out(start: str, target: str, readlink: Callable[[str], str | None]) -> bool:
@@ -89,178 +147,160 @@ def _climbs_out(start: str, target: str, readlink: Callable[[str], str | None]) 
     return False
 
 
-def _is_device(m: tarfile.TarInfo) -> bool:
+def is_device(m: tarfile.TarInfo) -> bool:
     return m.ischr() or m.isblk() or m.isfifo()
 
 
-def tar_entries(tf: tarfile.TarFile, *, where: str) -> list[Entry]:
-    """The members of a seekable (uncompressed) tarball as layer entries, checked as above.
+class Tree:
+    """What the members read so far make of the root, and the budget they have used. One tree
+    reads a whole base (every layer of an image, in order: call :meth:`next_layer` between)."""
 
-    Later members replace earlier ones of the same path (tar semantics). The tarball must stay
-    open while the entries are written: file contents are read from it lazily.
-    """
-    entries: dict[str, Entry] = {}
-    for m in tf.getmembers():
-        path = member_path(m.name, where=where)
-        if not path:
-            continue
-        if _is_device(m):
-            if path == "dev" or path.startswith("dev/"):
-                continue
-            raise UnsafeArchive(where, f"member {m.name!r} is a device file or fifo")
-        _check_parents(path, entries, where=where)
-        mode, uid, gid = m.mode & 0o7777, m.uid, m.gid
-        if m.isdir():
-            entries[path] = Entry(path, Kind.DIR, mode, uid, gid)
-        elif m.issym():
-            entries[path] = Entry(path, Kind.SYMLINK, mode, uid, gid, linkname=m.linkname)
-            check_symlink(path, m.linkname, where=where, readlink=_known_link(entries))
-        elif m.islnk():
-            target = member_path(m.linkname, where=where)
-            found = entries.get(target)
-            if found is None or found.kind not in (Kind.FILE, Kind.HARDLINK):
-                raise UnsafeArchive(
-                    where, f"hardlink {m.name!r} -> {m.linkname!r} names no earlier regular file"
+    def __init__(self, where: str, limits: Limits | None = None) -> None:
+        self.where = where
+        self.limits = limits or Limits()
+        self.root = _Node("dir", 0)
+        self.layer = 0
+        self.members = 0
+        self.bytes = 0
+        self.hardlinked: set[str] = set()
+
+    def charge(self, n: int, stream_bytes: int = 0, compressed: int | None = None) -> None:
+        """Count ``n`` more uncompressed bytes against the limits (``stream_bytes`` of the
+        current stream so far, from ``compressed`` bytes when it is compressed)."""
+        self.bytes += n
+        limits = self.limits
+        hint = "if the base really is that big, set base.max_unpacked_gib in the spec"
+        if self.bytes > limits.max_bytes:
+            raise UnsafeArchive(
+                self.where, f"expands to more than {_gib(limits.max_bytes)}", hint=hint
+            )
+        if (
+            limits.max_ratio is not None
+            and compressed is not None
+            and stream_bytes > limits.ratio_free
+            and stream_bytes > limits.max_ratio * compressed
+        ):
+            raise UnsafeArchive(
+                self.where,
+                f"expands more than {limits.max_ratio} times ({compressed} bytes to over "
+                f"{stream_bytes}): a decompression bomb?",
+                hint=hint,
+            )
+
+    def next_layer(self) -> None:
+        self.layer += 1
+        self.hardlinked = set()  # what a lower layer's hardlinks name may be replaced
+
+    def refuse(self, message: str) -> UnsafeArchive:
+        return UnsafeArchive(self.where, message)
+
+    def _parent(self, parts: list[str], name: str) -> _Node:
+        node = self.root
+        for i, part in enumerate(parts[:-1]):
+            child = node.children.get(part)
+            if child is None:
+                child = node.children[part] = _Node("dir", self.layer)
+            elif child.kind != "dir":
+                below = "/".join(parts[: i + 1])
+                raise self.refuse(
+                    f"member {name!r} lies below {below!r}, which is a {child.kind}, not a "
+                    "directory (a symlink can point anywhere); refusing the archive"
                 )
-            entries[path] = Entry(path, Kind.HARDLINK, mode, uid, gid, linkname=target)
+            node = child
+        return node
+
+    def _lookup(self, path: str) -> _Node | None:
+        node: _Node | None = self.root
+        for part in path.split("/"):
+            if node is None or node.kind != "dir":
+                return None
+            node = node.children.get(part)
+        return node
+
+    def readlink(self, path: str) -> str | None:
+        node = self._lookup(path)
+        return node.link if node is not None and node.kind == "symlink" else None
+
+    def admit(self, m: tarfile.TarInfo) -> str | None:
+        """Check one member against the rules and record it; its path, or None for the root
+        directory's own entry. Raises :class:`UnsafeArchive`."""
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise self.refuse(f"holds more than {self.limits.max_members} members")
+        path = member_path(m.name, where=self.where)
+        if m.issparse():
+            raise self.refuse(f"member {m.name!r} is sparse; {SPARSE_HINT}")
+        if m.size < 0 or not (0 <= m.uid <= MAX_ID and 0 <= m.gid <= MAX_ID):
+            raise self.refuse(f"member {m.name!r} has a negative size or an impossible owner")
+        if not path:
+            if not m.isdir():
+                raise self.refuse(f"member {m.name!r} would replace the root with a non-directory")
+            return None
+        parts = path.split("/")
+        parent = self._parent(parts, path)
+        name = parts[-1]
+        if name.startswith(WHITEOUT) and not (m.isreg() and not m.islnk()):
+            raise self.refuse(f"whiteout {m.name!r} is not a plain file")
+        if name == OPAQUE:
+            for key in [k for k, c in parent.children.items() if c.layer < self.layer]:
+                self._drop(parent, key, path)
+            return path
+        if name.startswith(WHITEOUT):
+            hidden = parent.children.get(name[len(WHITEOUT) :])
+            if hidden is not None and hidden.layer < self.layer:
+                self._drop(parent, name[len(WHITEOUT) :], path)
+            return path
+        existing = parent.children.get(name)
+        if m.isdir():
+            if existing is not None and existing.kind == "dir":
+                existing.layer = self.layer
+                return path
+            node = _Node("dir", self.layer)
+        elif m.issym():
+            check_symlink(path, m.linkname, where=self.where, readlink=self.readlink)
+            node = _Node("symlink", self.layer, m.linkname)
+        elif m.islnk():
+            target = member_path(m.linkname, where=self.where)
+            found = self._lookup(target) if target else None
+            if target == path or found is None or found.kind != "file":
+                raise self.refuse(
+                    f"hardlink {m.name!r} -> {m.linkname!r} names no earlier regular file"
+                )
+            self.hardlinked.add(target)
+            node = _Node("file", self.layer)
         elif m.isreg():
-            entries[path] = Entry(
-                path, Kind.FILE, mode, uid, gid, size=m.size, source=_opener(tf, m)
-            )
+            node = _Node("file", self.layer)
+        elif is_device(m):
+            if parts[0] != "dev":
+                raise self.refuse(f"member {m.name!r} is a device file or fifo outside dev/")
+            node = _Node("device", self.layer)
         else:
-            raise UnsafeArchive(where, f"member {m.name!r} has an unsupported type {m.type!r}")
-    return list(entries.values())
+            raise self.refuse(f"member {m.name!r} has an unsupported type {m.type!r}")
+        if existing is not None:
+            if existing.kind == "dir" and existing.children:
+                raise self.refuse(
+                    f"member {m.name!r} replaces the directory {path!r}, which holds members"
+                )
+            if path in self.hardlinked:
+                raise self.refuse(f"member {m.name!r} replaces a file that a hardlink names")
+        parent.children[name] = node
+        return path
 
+    def _drop(self, parent: _Node, name: str, whiteout: str) -> None:
+        prefix = posixpath.join(posixpath.dirname(whiteout), name)
+        if any(p == prefix or p.startswith(prefix + "/") for p in self.hardlinked):
+            raise self.refuse(f"whiteout {whiteout!r} removes a file that a hardlink names")
+        del parent.children[name]
 
-def _known_link(entries: dict[str, Entry]) -> Callable[[str], str | None]:
-    def readlink(path: str) -> str | None:
-        found = entries.get(path)
-        return found.linkname if found is not None and found.kind is Kind.SYMLINK else None
-
-    return readlink
-
-
-def _disk_link(root: str) -> Callable[[str], str | None]:
-    def readlink(path: str) -> str | None:
-        full = os.path.join(root, path)
-        return os.readlink(full) if os.path.islink(full) else None
-
-    return readlink
-
-
-def _check_parents(path: str, entries: dict[str, Entry], *, where: str) -> None:
-    parent = posixpath.dirname(path)
-    while parent:
-        found = entries.get(parent)
-        if found is not None and found.kind is not Kind.DIR:
-            raise UnsafeArchive(
-                where, f"member {path!r} lies below {parent!r}, which is not a directory"
-            )
-        parent = posixpath.dirname(parent)
-
-
-def _opener(tf: tarfile.TarFile, m: tarfile.TarInfo) -> Callable[[], IO[bytes]]:
-    def open_member() -> IO[bytes]:
-        f = tf.extractfile(m)
-        assert f is not None
-        return f
-
-    return open_member
-
-
-def safe_extract(stream: IO[bytes], target: Path, *, where: str) -> int:
-    """Unpack the tar ``stream`` (read sequentially) into ``target``, applying whiteouts.
-    Returns the number of members written. Nothing is ever written outside ``target``."""
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    root = os.path.realpath(target)
-    count = 0
-    written: set[str] = set()  # an opaque whiteout hides lower layers, not this one
-    with tarfile.open(fileobj=stream, mode="r|*") as tf:
-        for m in tf:
-            path = member_path(m.name, where=where)
-            if not path:
-                continue
-            if _is_device(m):
-                if path == "dev" or path.startswith("dev/"):
-                    continue
-                raise UnsafeArchive(where, f"member {m.name!r} is a device file or fifo")
-            dest = _safe_dest(root, path, where=where)
-            name = posixpath.basename(path)
-            if name == OPAQUE:
-                _clear_dir(os.path.dirname(dest), keep=written)
-                continue
-            if name.startswith(WHITEOUT):
-                _remove(os.path.join(os.path.dirname(dest), name[len(WHITEOUT) :]))
-                continue
-            if m.isdir():
-                if not os.path.isdir(dest) or os.path.islink(dest):
-                    _remove(dest)
-                    os.mkdir(dest, 0o700)
-                os.chmod(dest, m.mode & 0o7777)
-            elif m.issym():
-                _remove(dest)
-                os.symlink(m.linkname, dest)
-                try:
-                    check_symlink(path, m.linkname, where=where, readlink=_disk_link(root))
-                except UnsafeArchive:
-                    os.unlink(dest)
-                    raise
-            elif m.islnk():
-                src = _safe_dest(root, member_path(m.linkname, where=where), where=where)
-                st = os.lstat(src) if os.path.lexists(src) else None
-                if st is None or not stat.S_ISREG(st.st_mode):
-                    raise UnsafeArchive(
-                        where, f"hardlink {m.name!r} -> {m.linkname!r} names no extracted file"
-                    )
-                _remove(dest)
-                os.link(src, dest, follow_symlinks=False)
-            elif m.isreg():
-                _remove(dest)
-                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    src_f = tf.extractfile(m)
-                    assert src_f is not None
-                    shutil.copyfileobj(src_f, out, CHUNK)
-                os.chmod(dest, m.mode & 0o7777)
-            else:
-                raise UnsafeArchive(where, f"member {m.name!r} has an unsupported type {m.type!r}")
-            written.add(dest)
-            count += 1
-    return count
-
-
-def _safe_dest(root: str, path: str, *, where: str) -> str:
-    """``root/path``, after checking that no existing parent on the way is a symlink (or not a
-    directory); missing parents are created as 0755 directories."""
-    current = root
-    parts = path.split("/")
-    for part in parts[:-1]:
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except FileNotFoundError:
-            os.mkdir(current, 0o755)
-            continue
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise UnsafeArchive(
-                where,
-                f"member {path!r} would be written through {part!r}, which is not a "
-                "directory (a symlink can point anywhere); refusing the archive",
-            )
-    return os.path.join(current, parts[-1])
-
-
-def _remove(path: str) -> None:
-    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-        os.unlink(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path)
-
-
-def _clear_dir(path: str, *, keep: set[str]) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        for name in os.listdir(path):
-            child = os.path.join(path, name)
-            if child not in keep:
-                _remove(child)
+    def finish(self) -> None:
+        """Check every relative symlink again against the whole tree (a later member can move
+        where an earlier link leads)."""
+        stack: list[tuple[str, _Node]] = [("", self.root)]
+        while stack:
+            prefix, node = stack.pop()
+            for name, child in node.children.items():
+                path = f"{prefix}/{name}" if prefix else name
+                if child.kind == "symlink":
+                    check_symlink(path, child.link, where=self.where, readlink=self.readlink)
+                elif child.kind == "dir":
+                    stack.append((path, child))

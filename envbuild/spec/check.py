@@ -24,6 +24,7 @@ CHECKS: tuple[Check, ...] = (
     serve.model_size,
     consistency.pins,
     consistency.secrets,
+    consistency.secret_flags,
     consistency.platform,
 )
 

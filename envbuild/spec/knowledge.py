@@ -13,7 +13,8 @@ import difflib
 import functools
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Literal
 
@@ -135,6 +136,14 @@ class TorchArchList(Fact):
     format: str
 
 
+class SecretFlag(Fact):
+    """A serve flag whose value is a secret (``serve.extra_args`` must give it as ``${VAR}``)."""
+
+    flag: Annotated[str, Field(pattern=r"^--[a-z0-9-]+$")]
+    values: Literal["one", "many", "optional"]
+    env: str
+
+
 class Knowledge(_Strict):
     kb_version: Literal[1]
     verified: str
@@ -151,6 +160,7 @@ class Knowledge(_Strict):
     debian: list[DebianSuite]
     source_builds: list[SourceBuildFact]
     torch_cuda_arch_list: TorchArchList
+    secret_flags: list[SecretFlag]
 
 
 @functools.cache
@@ -161,6 +171,45 @@ def knowledge() -> Knowledge:
 
 
 # --- small helpers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecretArg:
+    """Where a secret flag's value stands in an argument list: ``index`` of the argument (which
+    is ``--flag=value`` when ``inline``), ``value`` None when a value is missing."""
+
+    index: int
+    flag: SecretFlag
+    value: str | None
+    inline: bool = False
+
+
+def secret_args(args: Sequence[str]) -> list[SecretArg]:
+    """The values of the secret flags (:class:`SecretFlag`) in ``args``, a vLLM command line
+    (``--api_key`` is ``--api-key``: vLLM's parser takes both)."""
+    flags = {f.flag: f for f in knowledge().secret_flags}
+    found: list[SecretArg] = []
+    i = 0
+    while i < len(args):
+        name, eq, inline = args[i].partition("=")
+        fact = flags.get(name.replace("_", "-")) if name.startswith("--") else None
+        if fact is None:
+            i += 1
+            continue
+        if eq:
+            found.append(SecretArg(i, fact, inline, inline=True))
+            i += 1
+            continue
+        j = i + 1
+        while (
+            j < len(args) and not args[j].startswith("-") and (fact.values == "many" or j == i + 1)
+        ):
+            found.append(SecretArg(j, fact, args[j]))
+            j += 1
+        if j == i + 1 and fact.values != "optional":
+            found.append(SecretArg(i, fact, None))
+        i = j
+    return found
 
 
 def driver_key(driver: str) -> tuple[int, ...]:

@@ -179,21 +179,33 @@ class DebianBase(Strict):
     variant: Literal["essential", "apt", "required", "minbase"] = "essential"
 
 
+MaxUnpacked = Annotated[
+    PositiveFloat | None,
+    Field(
+        description="refuse the base when its layers expand to more than this many GiB "
+        "(default: 64 GiB, and at most 100 times each compressed layer beyond its first GiB)"
+    ),
+]
+
+
 class ImageBase(Strict):
     kind: Literal["image"]
     ref: ImageRef
+    max_unpacked_gib: MaxUnpacked = None
 
 
 class OciLayoutBase(Strict):
     kind: Literal["oci-layout"]
     path: RepoPath
     digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = None
+    max_unpacked_gib: MaxUnpacked = None
 
 
 class RootfsBase(Strict):
     kind: Literal["rootfs"]
     path: RepoPath
     sha256: Sha256
+    max_unpacked_gib: MaxUnpacked = None
 
 
 Base = Annotated[DebianBase | ImageBase | OciLayoutBase | RootfsBase, Field(discriminator="kind")]

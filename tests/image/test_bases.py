@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.base import debian, registry, rootfs
-from envbuild.base.tarsafe import UnsafeArchive, safe_extract
+from envbuild.base.tarread import safe_extract
+from envbuild.base.tarsafe import UnsafeArchive
 from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.image import History, ImageConfig, write_image, write_oci_layout
 from envbuild.layers import (

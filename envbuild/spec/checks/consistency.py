@@ -107,7 +107,15 @@ def _nvml(loaded: LoadedSpec) -> Iterator[Problem]:
 
 def secrets(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
     """A credential must be a ``${VAR}`` reference, never a literal in the spec."""
+    serve = loaded.spec.serve
+    flagged = (
+        {("serve", "extra_args", a.index) for a in kb.secret_args(serve.extra_args)}
+        if serve
+        else set()
+    )
     for key, value in _strings(loaded.raw, ()):
+        if key in flagged:
+            continue  # secret_flags says it better
         kind = next((k for k, p in TOKEN_PATTERNS.items() if p.search(value)), None)
         last = key[-1] if key else ""
         env_table = len(key) >= 2 and key[-2] == "env"
@@ -128,6 +136,47 @@ def secrets(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
             "image and the manifests",
             f'reference the environment instead: "${{{var}}}" (and revoke the exposed token)',
         )
+
+
+def secret_flags(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    """The value of a flag that takes a secret (the knowledge base's ``secret_flags``) is a
+    ``${VAR}`` reference, never a literal; and no other ``${VAR}`` stands where build refuses
+    it, in what lands in the image (``image.env``, ``image.cmd``, ``image.labels``,
+    ``serve.extra_args``): build leaves only ``[serve.env]`` and secret flags for run time."""
+    serve = loaded.spec.serve
+    args = list(serve.extra_args) if serve else []
+    secret = kb.secret_args(args)
+    for arg in secret:
+        key: KeyPath = ("serve", "extra_args", arg.index)
+        ref = f'"{arg.flag.flag}=${{{arg.flag.env}}}"' if arg.inline else f'"${{{arg.flag.env}}}"'
+        if arg.value is None:
+            yield loaded.problem(
+                key, f"{arg.flag.flag} takes a value, and none follows", f"add {ref} after it"
+            )
+        elif not SECRET_REF.fullmatch(arg.value):
+            yield loaded.problem(
+                key,
+                f"the value of {arg.flag.flag} is a secret written into the spec; it would end up "
+                "in the image's command, the unit and the manifests",
+                f"reference the environment instead: {ref} (and revoke the exposed value)",
+            )
+    allowed = {a.index for a in secret}
+    image = loaded.spec.image
+    places: list[tuple[KeyPath, str]] = [
+        *((("image", "env", k), v) for k, v in image.env.items()),
+        *((("image", "labels", k), v) for k, v in image.labels.items()),
+        *((("image", "cmd", i), v) for i, v in enumerate(image.cmd or [])),
+        *((("serve", "extra_args", i), v) for i, v in enumerate(args) if i not in allowed),
+    ]
+    for key, value in places:
+        if m := SECRET_REF.search(value):
+            yield loaded.problem(
+                key,
+                f"references ${{{m.group(1)}}}, which would put a secret into the image "
+                "(build refuses it)",
+                "pass secrets at run time through [serve.env] or a secret flag's value in "
+                "serve.extra_args (they stay out of the image), or `docker run -e`",
+            )
 
 
 def _strings(value: Any, key: KeyPath) -> Iterator[tuple[KeyPath, str]]:
