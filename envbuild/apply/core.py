@@ -31,6 +31,7 @@ from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
 from envbuild.errors import EnvbuildError, EnvironmentFailure
+from envbuild.spec.checks.serve import placeholders
 from envbuild.spec.model import Spec
 
 log = logging.getLogger("envbuild.apply")
@@ -158,6 +159,7 @@ def apply(
                 rejected=[(c.number, c.problems) for c in (found.rejected if found else [])],
                 pending=_pending(paths) if options.dry_run else None,
                 packages=[(p.name, p.version) for p in inp.lock.packages],
+                placeholders=_placeholders(inp),
             ),
         )
         outcome = ApplyOutcome(spec.name, inp.origin, report, recovered=recovered)
@@ -237,6 +239,20 @@ def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[s
     if have != want:
         problems.append(f"secrets: {env_file} does not hold the environment's values")
     return problems
+
+
+def _placeholders(inp: ApplyInput) -> list[tuple[str, str, str]]:
+    """Every model repo the spec pins to the all-zero placeholder, with where it says so."""
+    out = []
+    for key, repo, _revision in placeholders(inp.spec):
+        dotted = ".".join(key)
+        if inp.loaded is not None:
+            file, line = inp.loaded.where(key)
+            where = f"{file}:{line}" if line else file
+        else:
+            where = inp.spec_path or inp.origin
+        out.append((where, dotted, repo))
+    return out
 
 
 def _pending(paths: Paths) -> str | None:

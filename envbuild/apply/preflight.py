@@ -103,6 +103,8 @@ class PreflightInput:
     pending: str | None = None
     #: The locked packages, (name, version): some compile GPU code at run time.
     packages: list[tuple[str, str]] = field(default_factory=list)
+    #: Model repos pinned to the all-zero placeholder: (where in the spec, dotted key, repo).
+    placeholders: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def _norm_gpu(name: str) -> str:
@@ -262,6 +264,21 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
                 f"{given.unit} will be installed, not started: " + given.services_note,
             )
         )
+
+    # -- the model's revisions ---------------------------------------------------------------
+    for where, key, repo in given.placeholders:
+        add(
+            Check(
+                "model-revision",
+                Status.FAIL,
+                f"{where}: {key} is the all-zero placeholder, not a commit of {repo}: the "
+                "download would fail after the generation is built",
+                f"put the commit sha from https://huggingface.co/{repo}/commits/main there",
+                Kind.FIT,
+            )
+        )
+    if spec.model is not None and not given.placeholders:
+        add(Check("model-revision", Status.OK, f"{spec.model.repo} is pinned to a commit"))
 
     # -- disk for the model ------------------------------------------------------------------
     if spec.model is not None:

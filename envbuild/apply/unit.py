@@ -199,3 +199,29 @@ def env_file_quote(value: str) -> str:
 
 def exec_start_line(argv: Sequence[str]) -> str:
     return " ".join(quote_arg(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The unit apply would install for a spec, and its EnvironmentFile's keys (no values)."""
+
+    unit: str  # its name
+    text: str
+    env_file: Path
+    env_keys: list[str]
+    #: Whether the generation's folder is known (its name holds a content hash that needs the
+    #: store's built wheels); when not, the unit names ``<number>-unbuilt``.
+    exact_path: bool
+
+
+def preview(
+    spec: Spec, spec_hash: str, *, generation: int, generation_path: Path, hf_home: Path,
+    env_file: Path, exact_path: bool,
+) -> Preview:  # fmt: skip
+    text = render_unit(
+        spec,
+        spec_hash,
+        ServeSettings(generation, generation_path, generation_path / "venv", hf_home, env_file),
+    )
+    _plain, secret = split_env(spec)
+    return Preview(unit_name(spec.name), text, env_file, sorted(secret), exact_path)

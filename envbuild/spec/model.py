@@ -23,7 +23,9 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
 )
 
 SPEC_VERSION = 1
@@ -283,6 +285,16 @@ class Model(Strict):
     tokenizer: AuxRepo | None = Field(None, description="a tokenizer from another repo")
     config: AuxRepo | None = Field(None, description="the HF config from another repo")
     gguf: GgufModel | None = Field(None, description="GGUF files, loaded by vllm-gguf-plugin")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_repos(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A spec that names none of these dumps (and hashes) as before they existed, so its
+        # lock and generations stay current.
+        data: dict[str, Any] = handler(self)
+        for key in ("tokenizer", "config", "gguf"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
 
     def repos(self) -> list[Model | AuxRepo]:
         """Every repo the unit reads, each (repo, revision) once, the model's own first; where
