@@ -7,9 +7,11 @@ imports nothing from envbuild, only the standard library and vLLM. It builds the
 - ``dump``: prints every serve flag as JSON (names, dest, whether it takes a value, choices, its
   group), plus the tool-call and reasoning parsers vLLM has registered, which vLLM checks after
   parsing; or
-- ``parse ARG...``: parses ``serve ARG...`` (the unit's command without the ``vllm`` binary) and
-  runs the checks vLLM runs before loading anything (``ServeSubcommand.validate`` and the
-  parser-name checks of the API server); prints ``{"ok": true}`` or ``{"ok": false, "error": …}``.
+- ``parse``: reads a JSON list of commands on stdin (each the arguments after ``vllm serve``),
+  parses each as ``vllm serve ARG...`` and runs the checks vLLM runs before loading anything
+  (``ServeSubcommand.validate`` and the parser-name checks of the API server); prints a list of
+  ``{"ok": true}`` or ``{"ok": false, "error": …}``, one per command. When vLLM's parser cannot
+  even be imported, it prints ``{"ok": null, "error": …}`` once.
 
 Nothing is loaded onto a GPU and no model is read: this is parse only.
 """
@@ -121,14 +123,24 @@ def parse(argv: list[str]) -> dict[str, Any]:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("dump", "parse"):
-        sys.stderr.write("usage: vllm_probe.py dump | parse ARG...\n")
+    if len(sys.argv) != 2 or sys.argv[1] not in ("dump", "parse"):
+        sys.stderr.write("usage: vllm_probe.py dump | parse < [[ARG, ...], ...]\n")
         return 2
+    commands = json.load(sys.stdin) if sys.argv[1] == "parse" else []
     # vLLM may print while importing; only our JSON goes to stdout.
     out = sys.stdout
-    _quiet_cpu_env()
     sys.stdout = sys.stderr
-    result = dump() if sys.argv[1] == "dump" else parse(sys.argv[2:])
+    _quiet_cpu_env()
+    result: Any
+    if sys.argv[1] == "dump":
+        result = dump()
+    else:
+        try:
+            import vllm.entrypoints.cli.serve  # noqa: F401
+        except Exception as exc:  # an ImportError, or what vLLM raises while importing
+            result = {"ok": None, "error": f"{type(exc).__name__}: {exc}"}
+        else:
+            result = [parse([str(a) for a in argv]) for argv in commands]
     out.write(json.dumps(result, sort_keys=True) + "\n")
     return 0
 
