@@ -216,3 +216,20 @@ def test_re_applies_keep_the_first_snapshot_and_add_new_ones(
         "already current and running: nothing switched"
         in cli("apply", spec, "--root", machine.root).stdout
     )
+
+
+def test_a_spec_without_a_unit_is_not_said_to_be_running(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    from envbuild.lock import lock_spec
+    from envbuild.spec import load_spec
+
+    spec = experiment("tiny-a", lock=False)
+    text = spec.read_text()
+    spec.write_text(text[: text.index("[serve]")] + text[text.index("[resolution]") :])
+    lock_spec(load_spec(spec))
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 0, r.stderr
+    assert "already current (the spec has no unit): nothing switched" in r.stdout
+    assert "running" not in r.stdout
