@@ -120,3 +120,15 @@ def test_any_argument_list_gives_problems_not_a_traceback(args: list[str]) -> No
     assert table is not None
     for problem in serveflags.check_args(table, args):
         assert 0 <= problem.index < len(args) and problem.message and problem.fix
+
+
+def test_a_gguf_repo_served_by_its_repo_id_is_named(tmp_path: Path) -> None:
+    path = _spec(tmp_path, GLM5_ARGS)
+    text = path.read_text("utf-8")
+    start = text.index("[model.gguf]")
+    end = text.index("[model.tokenizer]", start)
+    path.write_text(text[:start] + text[end:], "utf-8")
+    report = validate(path)
+    [found] = [p for p in report.warnings if p.key == "model.repo"]
+    assert "by its repo id" in found.message and "repo:QUANT" in found.message
+    assert "[model.gguf]" in (found.hint or "")
