@@ -89,8 +89,21 @@ def build_requests(
 ) -> list[SourceBuildRequest]:
     """One request per ``[builds]`` entry, in name order. Each one's ``constraints`` are the
     lock's pins of what its build venv installs (:func:`build_closure`); ``requires_of`` reads
-    a locked wheel's dependencies (default :func:`wheel_requires`)."""
-    return _requests(loaded, lock, requires_of or wheel_requires)
+    a locked wheel's dependencies (default: what the lock recorded at lock time, else
+    :func:`wheel_requires`)."""
+    return _requests(loaded, lock, requires_of or locked_requires(lock))
+
+
+def locked_requires(lock: Lock) -> RequiresOf:
+    """A wheel's ``Requires-Dist`` as the lock recorded it (format 3), so keying a source build
+    needs no index; from the wheel's METADATA (:func:`wheel_requires`) when it recorded none."""
+    recorded = lock.envbuild.requires
+
+    def read(wheel: WheelRef) -> list[str]:
+        found = recorded.get(wheel.sha256)
+        return list(found) if found is not None else wheel_requires(wheel)
+
+    return read
 
 
 def _requests(

@@ -91,6 +91,18 @@ def realise(
     return Realised(build(paths, inp, wheels, chash), False, found.rejected)
 
 
+def interpreter_of(venv: Path, final_venv: Path, version: str) -> gens.Interpreter:
+    """The binary ``venv/bin/python`` leads to. A venv that copies its interpreter (no symlink
+    out) records it at the path it has once the generation is in place."""
+    real = (venv / "bin" / "python").resolve()
+    path = (
+        final_venv / real.relative_to(venv.resolve())
+        if real.is_relative_to(venv.resolve())
+        else real
+    )
+    return gens.Interpreter(path=str(path), version=version, sha256=sha256_file(real))
+
+
 def build(
     paths: Paths, inp: ApplyInput, wheels: dict[str, venvs.StoreWheel], chash: str
 ) -> gens.Generation:
@@ -148,6 +160,7 @@ def build(
         packages={d.name: d.version for d in scanned.distributions},
         files={rel: sha256_file(tmp / rel) for rel in own},
         record_exceptions=exceptions,
+        interpreter=interpreter_of(tmp / "venv", final / "venv", scanned.version),
     )
     write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
     gens.freeze(tmp)

@@ -26,11 +26,13 @@ from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
 from envbuild.apply.preflight import PreflightInput, PreflightReport, run_preflight
 from envbuild.apply.record import write_snapshot
+from envbuild.apply.servecheck import ParseResult, parse_commands, serve_args
 from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
-from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings
+from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings, UserError
+from envbuild.spec.checks.serve import placeholders
 from envbuild.spec.model import Spec
 
 log = logging.getLogger("envbuild.apply")
@@ -54,6 +56,10 @@ class ApplyOutcome:
     reused: bool = False
     rejected: list[dict[str, Any]] = field(default_factory=list)
     model: ModelResult | None = None
+    #: The other repos the unit reads (a tokenizer or config repo), fetched like the model.
+    repos: list[ModelResult] = field(default_factory=list)
+    #: Whether the spec has a unit (up_to_date then means "current and running").
+    serves: bool = False
     switch: SwitchResult | None = None
     up_to_date: bool = False
     snapshot: str | None = None
@@ -65,17 +71,7 @@ class ApplyOutcome:
         return self.preflight.exit_code
 
     def as_dict(self) -> dict[str, Any]:
-        model = None
-        if self.model is not None:
-            model = {
-                "repo": self.model.repo,
-                "revision": self.model.revision,
-                "path": str(self.model.path),
-                "files": self.model.files,
-                "size_bytes": self.model.size_bytes,
-                "fetched": self.model.fetched,
-                "verified": self.model.verified,
-            }
+        model = _result(self.model) if self.model is not None else None
         return {
             "spec": self.spec,
             "origin": self.origin,
@@ -85,11 +81,24 @@ class ApplyOutcome:
             "reused": self.reused,
             "rejected": self.rejected,
             "model": model,
+            "repos": [_result(r) for r in self.repos],
             "switch": self.switch.as_dict() if self.switch else None,
             "up_to_date": self.up_to_date,
             "snapshot": self.snapshot,
             "recovered": self.recovered.as_dict() if self.recovered else None,
         }
+
+
+def _result(m: ModelResult) -> dict[str, Any]:
+    return {
+        "repo": m.repo,
+        "revision": m.revision,
+        "path": str(m.path),
+        "files": m.files,
+        "size_bytes": m.size_bytes,
+        "fetched": m.fetched,
+        "verified": m.verified,
+    }
 
 
 def _envbuild_units(host: Host) -> set[str]:
@@ -141,6 +150,9 @@ def apply(
         # a generation to reuse needs nothing built (nor the spec file that builds would need)
         reuse = found is not None and found.generation is not None
         store_missing = {} if reuse else host.wheels.missing(inp)
+        parsed: ParseResult | None = None
+        if reuse and unit is not None and found is not None and found.generation is not None:
+            parsed = vllm_parses(found.generation, spec, paths)
         report = run_preflight(
             host.probe,
             paths,
@@ -158,9 +170,13 @@ def apply(
                 rejected=[(c.number, c.problems) for c in (found.rejected if found else [])],
                 pending=_pending(paths) if options.dry_run else None,
                 packages=[(p.name, p.version) for p in inp.lock.packages],
+                placeholders=_placeholders(inp),
+                vllm_args=None if parsed is None else (parsed.ok, parsed.error),
             ),
         )
-        outcome = ApplyOutcome(spec.name, inp.origin, report, recovered=recovered)
+        outcome = ApplyOutcome(
+            spec.name, inp.origin, report, recovered=recovered, serves=unit is not None
+        )
         if on_preflight is not None:
             on_preflight(report)
         if not report.ok or options.dry_run:
@@ -171,10 +187,15 @@ def apply(
         else:
             realised = realise(paths, inp, host.wheels.provide(inp), found=found)
         _record_build(outcome, realised)
+        if unit is not None and parsed is None:
+            # vLLM's own parser on the exact command, before the model download and the switch
+            _refuse_unparsable(realised.generation, spec, paths)
         # a store root keeps the wheels its wheels/ links name through `envbuild gc`
         host.wheels.keep(realised.generation)
         if spec.model is not None:
-            outcome.model = fetch_model(paths.hf_hub_cache, spec.model)
+            # every repo the unit reads, at its own pinned commit, before an offline unit starts
+            fetched = [fetch_model(paths.hf_hub_cache, repo) for repo in spec.model.repos()]
+            outcome.model, outcome.repos = fetched[0], fetched[1:]
         target = realised.generation
         _check_links(target, spec)
         if drift is None and current is not None and current.number == target.number:
@@ -187,7 +208,9 @@ def apply(
         ):
             outcome.up_to_date = True
             log.info(
-                "generation %d is already current and running: nothing to switch", target.number
+                "generation %d is already current%s: nothing to switch",
+                target.number,
+                " and running" if unit is not None else "",
             )
         else:
             for problem in drift or []:
@@ -238,6 +261,47 @@ def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[s
     if have != want:
         problems.append(f"secrets: {env_file} does not hold the environment's values")
     return problems
+
+
+def vllm_parses(generation: gens.Generation, spec: Spec, paths: Paths) -> ParseResult:
+    """The generation's vLLM parser on the unit's command (as :func:`units.render_unit` wrote
+    it into the generation's unit file)."""
+    argv = units.exec_start(spec, generation.venv, paths.hf_hub_cache)
+    [result] = parse_commands(generation.venv / "bin" / "python", [serve_args(argv)])
+    return result
+
+
+def _refuse_unparsable(generation: gens.Generation, spec: Spec, paths: Paths) -> None:
+    result = vllm_parses(generation, spec, paths)
+    if result.ok is None:
+        log.warning(
+            "generation %d: vLLM's argument parser could not be loaded, the unit's command is "
+            "not checked: %s",
+            generation.number,
+            result.error,
+        )
+    elif not result.ok:
+        raise UserError(
+            f"vLLM in generation {generation.number} refuses the unit's command: {result.error}",
+            hint="fix serve.extra_args (or the [serve] / [model] keys) and apply again; "
+            "nothing was switched",
+        )
+    else:
+        log.info("generation %d: vLLM's parser accepts the unit's command", generation.number)
+
+
+def _placeholders(inp: ApplyInput) -> list[tuple[str, str, str]]:
+    """Every model repo the spec pins to the all-zero placeholder, with where it says so."""
+    out = []
+    for key, repo, _revision in placeholders(inp.spec):
+        dotted = ".".join(key)
+        if inp.loaded is not None:
+            file, line = inp.loaded.where(key)
+            where = f"{file}:{line}" if line else file
+        else:
+            where = inp.spec_path or inp.origin
+        out.append((where, dotted, repo))
+    return out
 
 
 def _pending(paths: Paths) -> str | None:

@@ -41,6 +41,16 @@ HASH_LEN = 32
 _NAME = re.compile(rf"^(\d+)-([0-9a-f]{{{HASH_LEN}}})$")
 
 
+class Interpreter(BaseModel):
+    """The Python the venv runs, as it was when the generation was built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="where venv/bin/python leads (its symlinks resolved)")
+    version: str = Field(description="sys.version_info as MAJOR.MINOR.MICRO")
+    sha256: str = Field(description="of that binary")
+
+
 class GenerationMeta(BaseModel):
     """``generation.json``: what a generation is. Written once, when it is complete."""
 
@@ -60,6 +70,9 @@ class GenerationMeta(BaseModel):
     unit: str | None = Field(None, description="the systemd unit it serves with, if any")
     packages: dict[str, str] = Field(description="distribution -> version the venv must hold")
     files: dict[str, str] = Field(description="its own files (not the venv) -> sha256")
+    interpreter: Interpreter | None = Field(
+        None, description="the venv's interpreter at build time (absent in older generations)"
+    )
     record_exceptions: dict[str, str] = Field(
         default_factory=dict,
         description="'<dist>/<path>' of files whose bytes differed from their wheel's own RECORD "
@@ -83,7 +96,28 @@ class Generation:
 
     @property
     def snapshot_file(self) -> Path:
+        """The snapshot taken when the generation was made: kept as it is."""
         return self.path.with_name(self.path.name + ".snapshot.json")
+
+    def snapshot_files(self) -> list[Path]:
+        """Every snapshot of it, the first (from when it was made) first, then one per later
+        apply that found it (``<name>.snapshot.<k>.json``, k = 2, 3 …)."""
+        later = []
+        for entry in self.path.parent.glob(self.path.name + ".snapshot.*.json"):
+            k = entry.name[len(self.path.name + ".snapshot.") : -len(".json")]
+            if k.isdigit():
+                later.append((int(k), entry))
+        first = [self.snapshot_file] if self.snapshot_file.exists() else []
+        return first + [e for _k, e in sorted(later)]
+
+    def next_snapshot_file(self) -> Path:
+        """Where the next snapshot goes: the first one's name, else the next number."""
+        have = self.snapshot_files()
+        if not have:
+            return self.snapshot_file
+        last = have[-1].name[len(self.path.name + ".snapshot.") : -len(".json")]
+        k = int(last) + 1 if last.isdigit() else 2
+        return self.path.with_name(f"{self.path.name}.snapshot.{k}.json")
 
     def unit_file(self) -> Path | None:
         return self.path / self.meta.unit if self.meta.unit else None

@@ -56,11 +56,15 @@ def check_generation(gen: Generation, mode: records.Mode = "full") -> Generation
         if actual != digest:
             problems.append(f"{rel} was modified")
     python = gen.venv / "bin" / "python"
+    problems.extend(_interpreter_problems(gen))
     try:
         env = pyenv.scan_env(str(python), mode)
     except EnvbuildError as exc:
         problems.append(f"venv: {exc.message}")
         return GenerationCheck(gen.number, gen.name, problems)
+    want = gen.meta.interpreter
+    if want is not None and env.version != want.version:
+        problems.append(f"interpreter: venv/bin/python is Python {env.version}, was {want.version}")
     have = {d.name: d.version for d in env.distributions}
     for name, version in sorted(gen.meta.packages.items()):
         if name not in have:
@@ -82,6 +86,28 @@ def check_generation(gen: Generation, mode: records.Mode = "full") -> Generation
     if problems:
         log.warning("generation %d was changed after it was built: %s", gen.number, problems[0])
     return GenerationCheck(gen.number, gen.name, problems)
+
+
+def _interpreter_problems(gen: Generation) -> list[str]:
+    """venv/bin/python must still lead to the binary it led to at build time (a repointed
+    symlink or a rebuilt interpreter of the same version runs other code)."""
+    want = gen.meta.interpreter
+    if want is None:
+        return []
+    try:
+        real = (gen.venv / "bin" / "python").resolve(strict=True)
+        digest = sha256_file(real)
+    except (OSError, RuntimeError) as exc:
+        return [f"interpreter: venv/bin/python: {getattr(exc, 'strerror', None) or exc}"]
+    problems = []
+    if str(real) != want.path:
+        problems.append(f"interpreter: venv/bin/python leads to {real}, was {want.path}")
+    if digest != want.sha256:
+        problems.append(
+            f"interpreter: {real} is not the binary the generation was built with (sha256 "
+            f"{digest[:12]}…, was {want.sha256[:12]}…)"
+        )
+    return problems
 
 
 def installed_unit_problems(paths: Paths, gen: Generation) -> list[str]:

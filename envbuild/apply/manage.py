@@ -263,8 +263,10 @@ def gc(
             result.freed_bytes += _du(gen.path)
             result.removed.append(gen.name)
             if not dry_run:
+                snapshots = gen.snapshot_files()
                 gens.remove_tree(gen.path)
-                gen.snapshot_file.unlink(missing_ok=True)
+                for snapshot in snapshots:
+                    snapshot.unlink(missing_ok=True)
                 if wheels is not None:
                     wheels.release(gen)
                 log.info("removed generation %d (%s)", gen.number, gen.name)

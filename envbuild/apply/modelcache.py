@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild.errors import EnvironmentFailure, IntegrityError
-from envbuild.spec.model import Model
+from envbuild.spec.model import AuxRepo, Model
 
 log = logging.getLogger("envbuild.apply.model")
 
@@ -32,6 +32,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 CHUNK = 1 << 20
+
+#: A repo at a commit with allow patterns: the model's own, or a tokenizer or config repo.
+Pinned = Model | AuxRepo
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,11 @@ def repo_folder(hub_cache: Path, repo: str) -> Path:
     return hub_cache / ("models--" + repo.replace("/", "--"))
 
 
-def snapshot_folder(hub_cache: Path, model: Model) -> Path:
+def snapshot_folder(hub_cache: Path, model: Pinned) -> Path:
     return repo_folder(hub_cache, model.repo) / "snapshots" / model.revision
 
 
-def cached_bytes(hub_cache: Path, model: Model) -> int:
+def cached_bytes(hub_cache: Path, model: Pinned) -> int:
     """Bytes of this revision already in the cache (what a fetch will not download again)."""
     folder = snapshot_folder(hub_cache, model)
     total = 0
@@ -74,11 +77,11 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _patterns(model: Model) -> list[str] | None:
+def _patterns(model: Pinned) -> list[str] | None:
     return list(model.files) or None
 
 
-def find_cached(hub_cache: Path, model: Model) -> Path | None:
+def find_cached(hub_cache: Path, model: Pinned) -> Path | None:
     """The snapshot folder when the cache holds every requested file, without the network."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
@@ -100,7 +103,7 @@ def find_cached(hub_cache: Path, model: Model) -> Path | None:
     return Path(folder)
 
 
-def fetch(hub_cache: Path, model: Model, *, verify: bool = True) -> ModelResult:
+def fetch(hub_cache: Path, model: Pinned, *, verify: bool = True) -> ModelResult:
     """Make the model's revision complete in the cache; fetch only what is missing."""
     folder = find_cached(hub_cache, model)
     fetched = False
@@ -120,7 +123,7 @@ def fetch(hub_cache: Path, model: Model, *, verify: bool = True) -> ModelResult:
     return ModelResult(model.repo, model.revision, folder, len(files), size, fetched, fetched)
 
 
-def _download(hub_cache: Path, model: Model) -> Path:
+def _download(hub_cache: Path, model: Pinned) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

@@ -103,6 +103,11 @@ class PreflightInput:
     pending: str | None = None
     #: The locked packages, (name, version): some compile GPU code at run time.
     packages: list[tuple[str, str]] = field(default_factory=list)
+    #: Model repos pinned to the all-zero placeholder: (where in the spec, dotted key, repo).
+    placeholders: list[tuple[str, str, str]] = field(default_factory=list)
+    #: vLLM's own parser on the unit's command, when the generation exists already: (accepted,
+    #: its error); accepted is None when the parser could not be loaded.
+    vllm_args: tuple[bool | None, str | None] | None = None
 
 
 def _norm_gpu(name: str) -> str:
@@ -263,6 +268,25 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
             )
         )
 
+    # -- the model's revisions ---------------------------------------------------------------
+    for where, key, repo in given.placeholders:
+        add(
+            Check(
+                "model-revision",
+                Status.FAIL,
+                f"{where}: {key} is the all-zero placeholder, not a commit of {repo}: the "
+                "download would fail after the generation is built",
+                f"put the commit sha from https://huggingface.co/{repo}/commits/main there",
+                Kind.FIT,
+            )
+        )
+    if spec.model is not None and not given.placeholders:
+        add(Check("model-revision", Status.OK, f"{spec.model.repo} is pinned to a commit"))
+
+    # -- the unit's command, parsed by the generation's vLLM -----------------------------------
+    if given.unit is not None:
+        add(_vllm_args_check(given.vllm_args))
+
     # -- disk for the model ------------------------------------------------------------------
     if spec.model is not None:
         have = cached_bytes(paths.hf_hub_cache, spec.model)
@@ -335,6 +359,29 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
             )
         )
     return report
+
+
+def _vllm_args_check(parsed: tuple[bool | None, str | None] | None) -> Check:
+    if parsed is None:
+        return Check(
+            "vllm-args",
+            Status.SKIP,
+            "the generation is not built yet: its vLLM parses the unit's command before the switch",
+        )
+    ok, error = parsed
+    if ok:
+        return Check("vllm-args", Status.OK, "the generation's vLLM accepts the unit's command")
+    if ok is None:
+        return Check(
+            "vllm-args", Status.WARN, f"vLLM's argument parser could not be loaded: {error}"
+        )
+    return Check(
+        "vllm-args",
+        Status.FAIL,
+        f"the generation's vLLM refuses the unit's command: {error}",
+        "fix serve.extra_args (or the [serve] / [model] keys)",
+        Kind.FIT,
+    )
 
 
 def _jit_check(cuda: str | None, packages: list[tuple[str, str]]) -> Check | None:

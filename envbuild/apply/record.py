@@ -1,5 +1,6 @@
-"""The snapshot of the result, written beside the generation it describes
-(``generations/<n>-<hash>.snapshot.json``), through the snapshot stage."""
+"""The snapshot of the result, written beside the generation it describes, through the snapshot
+stage: ``generations/<n>-<hash>.snapshot.json`` when the generation is made (kept as it is), and
+``<n>-<hash>.snapshot.<k>.json`` (k = 2, 3 …) for every later apply that finds it."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def write_snapshot(host: Host, gen: Generation, inp: ApplyInput) -> str:
             )
         }
     )
-    path = gen.snapshot_file
+    path = gen.next_snapshot_file()
     write_atomic(path, canonical_json(snap.model_dump(mode="json")))
     log.info("wrote %s", path)
     return str(path)

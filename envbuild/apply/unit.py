@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from envbuild.apply.modelcache import repo_folder
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
@@ -116,25 +117,35 @@ def secret_names(spec: Spec) -> list[str]:
     return sorted(names | set(_secret_arg_names(spec)))
 
 
-def exec_start(spec: Spec, venv: Path) -> list[str]:
+def exec_start(spec: Spec, venv: Path, hub_cache: Path) -> list[str]:
+    """The unit's command. Every repo it names is read at its pinned commit: the model by repo
+    id with ``--revision`` (vLLM asks the cache for that commit, never for a branch); a GGUF
+    model, a tokenizer or a config from another repo by its snapshot folder in ``hub_cache``
+    (one ``--revision`` cannot name commits of two repos, and vllm-gguf-plugin loads the config
+    repo's revision for the weights too)."""
     serve, model = spec.serve, spec.model
     if serve is None or model is None:
         raise UserError(f"spec {spec.name}: [serve] needs a [model] to serve")
-    argv = [
-        str(venv / "bin" / "vllm"),
-        "serve",
-        model.repo,
-        # Every revision vLLM might look up is pinned, so it reads the fetched snapshot and
-        # never asks for a branch that is not in the cache.
-        "--revision",
-        model.revision,
-        "--tokenizer-revision",
-        model.revision,
-        "--code-revision",
-        model.revision,
-        "--tensor-parallel-size",
-        str(serve.tensor_parallel_size),
-    ]
+
+    def snapshot(repo: str, revision: str) -> Path:
+        return repo_folder(hub_cache, repo) / "snapshots" / revision
+
+    if model.gguf is not None:
+        # vllm-gguf-plugin's local_dir:quant_type form: the first file named by the quant
+        folder = snapshot(model.repo, model.revision)
+        if model.gguf.folder:
+            folder = folder / model.gguf.folder
+        argv = [str(venv / "bin" / "vllm"), "serve", f"{folder}:{model.gguf.quant}"]
+    else:
+        argv = [str(venv / "bin" / "vllm"), "serve", model.repo]
+        argv += ["--revision", model.revision, "--code-revision", model.revision]
+    if model.tokenizer is not None:
+        argv += ["--tokenizer", str(snapshot(model.tokenizer.repo, model.tokenizer.revision))]
+    elif model.gguf is None:
+        argv += ["--tokenizer-revision", model.revision]
+    if model.config is not None:
+        argv += ["--hf-config-path", str(snapshot(model.config.repo, model.config.revision))]
+    argv += ["--tensor-parallel-size", str(serve.tensor_parallel_size)]
     if serve.pipeline_parallel_size != 1:
         argv += ["--pipeline-parallel-size", str(serve.pipeline_parallel_size)]
     if serve.max_model_len is not None:
@@ -175,7 +186,7 @@ def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
             model_repo=spec.model.repo if spec.model else "",
             environment=sorted(environment.items()),
             env_file=settings.env_file,
-            exec_start=exec_start(spec, settings.venv),
+            exec_start=exec_start(spec, settings.venv, settings.hf_home / "hub"),
         )
     )
 
@@ -212,3 +223,29 @@ def env_file_quote(value: str) -> str:
 
 def exec_start_line(argv: Sequence[str]) -> str:
     return " ".join(quote_arg(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """The unit apply would install for a spec, and its EnvironmentFile's keys (no values)."""
+
+    unit: str  # its name
+    text: str
+    env_file: Path
+    env_keys: list[str]
+    #: Whether the generation's folder is known (its name holds a content hash that needs the
+    #: store's built wheels); when not, the unit names ``<number>-unbuilt``.
+    exact_path: bool
+
+
+def preview(
+    spec: Spec, spec_hash: str, *, generation: int, generation_path: Path, hf_home: Path,
+    env_file: Path, exact_path: bool,
+) -> Preview:  # fmt: skip
+    text = render_unit(
+        spec,
+        spec_hash,
+        ServeSettings(generation, generation_path, generation_path / "venv", hf_home, env_file),
+    )
+    _plain, secret = split_env(spec)
+    return Preview(unit_name(spec.name), text, env_file, sorted(secret), exact_path)

@@ -185,15 +185,18 @@ def _show_result(o: ApplyOutcome, dry_run: bool) -> None:
         )
     how = "reused" if o.reused else "built"
     render.echo(f"generation {o.generation} ({how}): {o.generation_path}")
-    if o.model is not None:
-        m = o.model
+    for what, m in ([("model", o.model)] if o.model else []) + [("repo", r) for r in o.repos]:
         where = "fetched and verified" if m.fetched else "already in the cache"
         render.echo(
-            f"model {m.repo}@{m.revision[:12]}: {m.files} files, {m.size_bytes / 1e9:.2f} GB, "
+            f"{what} {m.repo}@{m.revision[:12]}: {m.files} files, {m.size_bytes / 1e9:.2f} GB, "
             f"{where}"
         )
     if o.up_to_date:
-        render.echo("already current and running: nothing switched")
+        render.echo(
+            "already current and running: nothing switched"
+            if o.serves
+            else "already current (the spec has no unit): nothing switched"
+        )
     elif o.switch is not None:
         s = o.switch
         if s.stopped:

@@ -26,6 +26,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envbuild.errors import ManifestError, NewerFormat, OutputError
 from envbuild.fsio import sha256_bytes, write_atomic
@@ -48,6 +49,9 @@ from envbuild.lock.resolve import resolve
 from envbuild.lock.target import Target, requirements_of, target_of
 from envbuild.spec import knowledge as kb
 from envbuild.spec.load import LoadedSpec
+
+if TYPE_CHECKING:
+    from envbuild.install import WheelRef
 
 log = logging.getLogger("envbuild.lock")
 
@@ -141,12 +145,32 @@ def build_lock(
         patches=patch_records(loaded),
         base=base or lock_base(loaded),
     )
-    return Lock(
+    lock = Lock(
         environments=[target.environment_marker()],
         requires_python=f"=={target.python}.*",
         packages=resolution.packages,
         tool=ToolTable(envbuild=envbuild),
     )
+    if not envbuild.builds:
+        return lock
+    requires = closure_requires(loaded, lock)
+    return lock.model_copy(
+        update={"tool": ToolTable(envbuild=envbuild.model_copy(update={"requires": requires}))}
+    )
+
+
+def closure_requires(loaded: LoadedSpec, lock: Lock) -> dict[str, list[str]]:
+    """The Requires-Dist of every locked wheel the source builds' closures read, by sha256."""
+    from envbuild.sourceplan import build_requests, wheel_requires
+
+    seen: dict[str, list[str]] = {}
+
+    def record(wheel: WheelRef) -> list[str]:
+        seen[wheel.sha256] = wheel_requires(wheel)
+        return list(seen[wheel.sha256])
+
+    build_requests(loaded, lock, requires_of=record)
+    return dict(sorted(seen.items()))
 
 
 def lock_spec(

@@ -42,9 +42,20 @@ def _format_1_to_2(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _format_2_to_3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Format 3 records the Requires-Dist of the wheels source builds' closures read
+    (``requires``). A format-2 lock records none: keying its source builds reads the wheels'
+    METADATA from the index, as before, until it is relocked."""
+    raw["tool"]["envbuild"].setdefault("requires", {})
+    return raw
+
+
 #: ``format N -> format N+1`` converters of the raw ``[tool.envbuild]``-bearing document. Add one
 #: whenever :data:`LOCK_FORMAT` is bumped; keep the old format's lock under tests/cases/lock/.
-CONVERTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _format_1_to_2}
+CONVERTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _format_1_to_2,
+    2: _format_2_to_3,
+}
 
 
 # --- writing ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 #: envbuild's own format version of ``[tool.envbuild]``. Bump it when a change would make an
 #: older envbuild misread a lock, and add a converter from the previous format.
-LOCK_FORMAT = 2
+LOCK_FORMAT = 3
 #: The PEP 751 version envbuild writes. Readers accept any 1.x (a newer minor with a warning).
 PEP751_VERSION = "1.0"
 CREATED_BY = "envbuild"
@@ -154,6 +154,12 @@ class EnvbuildLock(_Model):
         default_factory=dict, description="normalized distribution name -> its patches, in order"
     )
     base: BaseLock | None = None
+    requires: dict[Sha256, list[str]] = Field(
+        default_factory=dict,
+        description="Requires-Dist of each locked wheel a source build's closure reads, by the "
+        "wheel's sha256: read from the wheels' METADATA at lock time, so keying a source build "
+        "(apply, apply --dry-run) needs no index",
+    )
 
 
 class ToolTable(_Model):

@@ -22,6 +22,7 @@ CHECKS: tuple[Check, ...] = (
     serve.parallelism,
     serve.kv_cache,
     serve.model_size,
+    serve.extra_args,
     consistency.pins,
     consistency.secrets,
     consistency.secret_flags,

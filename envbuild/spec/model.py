@@ -23,7 +23,9 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
 )
 
 SPEC_VERSION = 1
@@ -243,6 +245,48 @@ class Vllm(Strict):
     extras: list[str] = Field(default_factory=list)
 
 
+#: What vLLM reads from a tokenizer or config repo (not its weights).
+AUX_FILES = ["*.json", "*.py", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.md"]
+
+
+class AuxRepo(Strict):
+    """A repo the unit reads besides the model's own (its tokenizer, its HF config), pinned to a
+    commit of that repo and fetched into the cache with the model."""
+
+    repo: HfRepo
+    revision: CommitSha
+    files: list[str] = Field(
+        default_factory=lambda: list(AUX_FILES),
+        description="allow patterns (default: config, tokenizer and code files, no weights)",
+    )
+
+
+def _quant(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_+-]+", value):
+        raise ValueError(f"{value!r} is not a GGUF quant type (expected like Q4_K_M, UD-IQ2_XXS)")
+    return value
+
+
+class GgufModel(Strict):
+    """How vllm-gguf-plugin loads the model: ``<folder in the snapshot>:<quant>`` (its
+    ``local_dir:quant_type`` form), so vLLM reads the pinned snapshot apply fetched."""
+
+    quant: Annotated[str, AfterValidator(_quant)] = Field(
+        description="the quant type the files are named by (their name holds -QUANT- or -QUANT.)"
+    )
+    folder: str = Field(
+        "", description="the folder of the repo holding the quant's .gguf files ('' for the top)"
+    )
+
+    @field_validator("folder")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if value and (path.is_absolute() or ".." in path.parts or value.endswith("/")):
+            raise ValueError(f"{value!r} must be a folder inside the repo, like UD-IQ2_XXS")
+        return value
+
+
 class Model(Strict):
     repo: HfRepo
     revision: CommitSha
@@ -250,6 +294,36 @@ class Model(Strict):
     files: list[str] = Field(
         default_factory=list, description="allow patterns; empty means the whole repo"
     )
+    tokenizer: AuxRepo | None = Field(None, description="a tokenizer from another repo")
+    config: AuxRepo | None = Field(None, description="the HF config from another repo")
+    gguf: GgufModel | None = Field(None, description="GGUF files, loaded by vllm-gguf-plugin")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_repos(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A spec that names none of these dumps (and hashes) as before they existed, so its
+        # lock and generations stay current.
+        data: dict[str, Any] = handler(self)
+        for key in ("tokenizer", "config", "gguf"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+    def repos(self) -> list[Model | AuxRepo]:
+        """Every repo the unit reads, each (repo, revision) once, the model's own first; where
+        two name the same one, the fetch takes both sets of files."""
+        out: list[Model | AuxRepo] = [self]
+        for aux in (self.config, self.tokenizer):
+            if aux is None:
+                continue
+            for i, have in enumerate(out):
+                if (have.repo, have.revision) == (aux.repo, aux.revision):
+                    if have.files:  # an empty list is the whole repo already
+                        files = sorted({*have.files, *aux.files})
+                        out[i] = AuxRepo(repo=aux.repo, revision=aux.revision, files=files)
+                    break
+            else:
+                out.append(aux)
+        return out
 
 
 class Serve(Strict):

@@ -194,3 +194,19 @@ def test_switch_to_another_experiment_and_roll_back(
     assert not second.path.exists() and not second.snapshot_file.exists()
     assert [g.number for g in gens.list_generations(machine.paths)] == [1]
     assert health(port_of(a)) == 200
+
+
+def test_render_unit_shows_the_unit_apply_installs(
+    cli, experiment: Experiment, machine: Machine, hub: Hub, tmp_path: Path
+) -> None:
+    spec = experiment("tiny-a")
+    shown = tmp_path / "shown.service"
+    r = cli("render", "unit", spec, "--root", machine.root, "-o", shown)
+    assert r.exit_code == 0, r.stderr
+    assert "EnvironmentFile" in r.stderr and "holds HF_TOKEN" in r.stderr
+    assert TOKEN not in r.stderr and TOKEN not in shown.read_text()
+    j = cli("render", "unit", spec, "--root", machine.root, "--json").json()
+    assert j["text"] == shown.read_text() and j["env_keys"] == ["HF_TOKEN"] and j["exact_path"]
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    installed = machine.paths.unit_file("envbuild-tiny-a.service").read_text()
+    assert installed == shown.read_text()

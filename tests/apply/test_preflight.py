@@ -211,3 +211,22 @@ def test_run_time_compilers_the_driver_runs_say_nothing(
 ) -> None:
     report = _preflight(experiment("tiny-a", lock=False), tmp_path, locked)
     assert [c.name for c in report.checks if c.name == "cuda-jit"] == []
+
+
+def test_the_placeholder_revision_is_refused_before_anything_is_built(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    spec = experiment("tiny-a", revision="0" * 40)
+    line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if "revision" in text)
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 2, r.stderr
+    [check] = [c for c in r.json()["preflight"]["checks"] if c["name"] == "model-revision"]
+    assert check["status"] == "fail" and check["kind"] == "fit"
+    assert check["message"].startswith(f"specs/tiny-a.toml:{line}: model.revision is the all-zero")
+    assert check["hint"] == (
+        "put the commit sha from https://huggingface.co/org/tiny-a/commits/main there"
+    )
+    assert untouched(machine.root)
+    # a pinned one passes the check
+    r = cli("apply", experiment("tiny-b"), "--root", machine.root, "--dry-run", "--json")
+    assert checks(r.json())["model-revision"][0] == "ok"

@@ -152,3 +152,84 @@ def test_a_hand_edited_unit_or_a_rotated_secret_is_put_right(
     assert oct(env_file.stat().st_mode & 0o777) == "0o600"
     r = cli("apply", spec, "--root", machine.root, "--json")  # now all is as it should be
     assert r.exit_code == 0 and r.json()["up_to_date"]
+
+
+def test_a_repointed_or_rebuilt_interpreter_is_caught(
+    cli, experiment: Experiment, machine: Machine, tmp_path: Path
+) -> None:
+    spec = experiment("tiny-a")
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    gen = gens.current(machine.paths)
+    assert gen is not None and gen.meta.interpreter is not None
+    python = gen.venv / "bin" / "python"
+    real = python.resolve()
+    assert gen.meta.interpreter.path == str(real)
+    assert gen.meta.interpreter.version == gen.meta.python
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+    # another build of the same Python: a copy elsewhere (same bytes), then changed bytes
+    other = tmp_path / "other-python3.11"
+    other.write_bytes(real.read_bytes())
+    other.chmod(0o755)
+    bindir = python.parent
+    bindir.chmod(bindir.stat().st_mode | 0o200)
+    link = python if python.is_symlink() else None
+    assert link is not None, "the venv's python is expected to be a symlink (uv venv)"
+    chain = python.readlink()
+    python.unlink()
+    python.symlink_to(other)
+    r = cli("generations", "--root", machine.root, "--verify", "--json")
+    assert r.exit_code == 1
+    [listed] = r.json()["generations"]
+    assert (
+        f"interpreter: venv/bin/python leads to {other}, was {real}" in listed["check"]["problems"]
+    )
+    with other.open("ab") as f:
+        f.write(b"\0")
+    r = cli("generations", "--root", machine.root, "--verify", "--json")
+    problems = r.json()["generations"][0]["check"]["problems"]
+    assert any("is not the binary the generation was built with" in p for p in problems)
+    python.unlink()
+    python.symlink_to(chain)
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+
+def test_re_applies_keep_the_first_snapshot_and_add_new_ones(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    spec = experiment("tiny-a")
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    gen = gens.current(machine.paths)
+    assert gen is not None
+    first = gen.snapshot_file.read_bytes()
+    r = cli("apply", spec, "--root", machine.root, "--json")
+    assert r.exit_code == 0 and r.json()["up_to_date"]
+    assert gen.snapshot_file.read_bytes() == first  # the one from when it was made, as it was
+    assert [p.name for p in gen.snapshot_files()] == [
+        f"{gen.name}.snapshot.json",
+        f"{gen.name}.snapshot.2.json",
+    ]
+    assert r.json()["snapshot"] == str(gen.snapshot_files()[-1])
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    assert gen.snapshot_files()[-1].name == f"{gen.name}.snapshot.3.json"
+    assert (
+        "already current and running: nothing switched"
+        in cli("apply", spec, "--root", machine.root).stdout
+    )
+
+
+def test_a_spec_without_a_unit_is_not_said_to_be_running(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    from envbuild.lock import lock_spec
+    from envbuild.spec import load_spec
+
+    spec = experiment("tiny-a", lock=False)
+    text = spec.read_text()
+    spec.write_text(text[: text.index("[serve]")] + text[text.index("[resolution]") :])
+    lock_spec(load_spec(spec))
+    assert cli("apply", spec, "--root", machine.root).exit_code == 0
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 0, r.stderr
+    assert "already current (the spec has no unit): nothing switched" in r.stdout
+    assert "running" not in r.stdout

@@ -56,7 +56,7 @@ def test_the_unit_reads_back_as_the_spec_says(experiment: Experiment, tmp_path: 
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
     parsed = UnitFile.parse(path)
-    assert parsed.exec_start == units.exec_start(spec, settings.venv)
+    assert parsed.exec_start == units.exec_start(spec, settings.venv, settings.hf_home / "hub")
     assert parsed.exec_start[-len(ODD_ARGS) :] == list(ODD_ARGS)
     assert parsed.environment == {
         "FAKE_EXTRA": '100% of $HOME is "quoted"',

@@ -196,3 +196,11 @@ def test_invalid_spec_is_not_locked(cli, demo, repo):
     assert result.exit_code == 2
     assert "specs/demo.toml" in result.stderr
     assert not (repo / "lockfiles").exists()
+
+
+def test_a_format_2_lock_reads_as_the_current_format():
+    # quickstart's lock as envbuild wrote it before format 3 recorded wheels' Requires-Dist
+    lock = read_lock(CASES / "pylock.quickstart-format-2.toml")
+    assert lock.envbuild.format == LOCK_FORMAT
+    assert lock.envbuild.requires == {}
+    assert lock.package("requests") is not None

@@ -1,5 +1,6 @@
 """Checks of what runs on the host: parallelism vs GPUs, the KV-cache dtype for the architecture
-and vLLM release, the model's size vs GPU memory, and the model's pinned revision."""
+and vLLM release, the model's size vs GPU memory, the model's pinned revision, and the extra
+arguments of ``vllm serve`` against that vLLM's flags."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections.abc import Iterator
 
 from envbuild.errors import Problem
 from envbuild.spec import knowledge as kb
+from envbuild.spec import serveflags
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import LoadedSpec
+from envbuild.spec.model import Spec
 
 GB_PER_GIB = 1024**3 / 1e9
 PLACEHOLDER_SHA = "0" * 40
@@ -95,15 +98,33 @@ def _accepting_range(rule: kb.KvCacheRule, dtype: str) -> str | None:
     return None
 
 
+def commits_url(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/commits/main"
+
+
+def placeholders(spec: Spec) -> list[tuple[tuple[str, ...], str, str]]:
+    """The (key, repo, revision) of every model repo pinned to the all-zero placeholder."""
+    model = spec.model
+    if model is None:
+        return []
+    found: list[tuple[tuple[str, ...], str, str]] = [
+        (("model", "revision"), model.repo, model.revision)
+    ]
+    for part, aux in (("tokenizer", model.tokenizer), ("config", model.config)):
+        if aux is not None:
+            found.append((("model", part, "revision"), aux.repo, aux.revision))
+    return [f for f in found if f[2] == PLACEHOLDER_SHA]
+
+
 def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     if spec.model is None or not gpus:
         return
-    if spec.model.revision == PLACEHOLDER_SHA:
+    for key, repo, _revision in placeholders(spec):
         yield loaded.problem(
-            ("model", "revision"),
+            key,
             "the revision is the all-zero placeholder, not a commit of the repo",
-            f"put the commit sha from https://huggingface.co/{spec.model.repo}/commits/main",
+            f"put the commit sha from {commits_url(repo)}",
             severity=WARNING,
         )
     sizes = [g.memory_gib for g in gpus if g.memory_gib]
@@ -126,3 +147,33 @@ def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
             "use more GPUs, a smaller quantization, or cpu offloading in serve.extra_args",
             severity=WARNING,
         )
+
+
+def extra_args(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+    """``serve.extra_args`` against the serve flags of the vLLM the spec pins (a table in the
+    knowledge base, extracted from that vLLM's wheel)."""
+    spec = loaded.spec
+    if spec.serve is None or not spec.serve.extra_args:
+        return
+    key = ("serve", "extra_args")
+    if spec.vllm is None:
+        yield loaded.problem(
+            key,
+            "serve.extra_args cannot be checked: the spec pins no [vllm]",
+            'pin vLLM ([vllm] version = "…")',
+            severity=WARNING,
+        )
+        return
+    flags = serveflags.table(spec.vllm.version)
+    if flags is None:
+        known = ", ".join(serveflags.known_versions()) or "none"
+        yield loaded.problem(
+            key,
+            f"envbuild has no serve-flag table for vLLM {spec.vllm.version} (it has {known}): "
+            "serve.extra_args are not checked",
+            "extract one with tools/vllm_serve_flags.py (see its --help)",
+            severity=WARNING,
+        )
+        return
+    for problem in serveflags.check_args(flags, list(spec.serve.extra_args)):
+        yield loaded.problem((*key, problem.index), problem.message, problem.fix)

@@ -181,7 +181,17 @@ def vllm_pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
             f"{vllm.version}",
             f'set vllm.version to "{family.min_vllm}" or newer',
         )
-    is_gguf = "gguf" in model.repo.lower() or any(f.endswith(".gguf") for f in model.files)
+    is_gguf = model.gguf is not None or "gguf" in model.repo.lower()
+    is_gguf = is_gguf or any(f.endswith(".gguf") for f in model.files)
+    if is_gguf and model.gguf is None and spec.serve is not None:
+        yield loaded.problem(
+            ("model", "repo"),
+            f"{model.repo} looks like a GGUF repo, and the unit would serve it by its repo id, "
+            "which vLLM does not load as GGUF (vllm-gguf-plugin takes repo:QUANT, a .gguf file "
+            "or folder:QUANT)",
+            'add [model.gguf] with quant = "<the quant type>" and the folder its files are in',
+            severity=WARNING,
+        )
     fact = kb.gguf(vllm.version)
     if is_gguf and fact and fact.packages:
         named = {canonicalize_name(p) for p in spec.packages} | {
