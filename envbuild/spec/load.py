@@ -223,6 +223,17 @@ class _Loader:
             extends = []
         for rel in extends:
             line = line_of(lines, ("extends",))
+            if "\0" in rel or not rel.strip():
+                self.problems.append(
+                    Problem(
+                        self.shown(path),
+                        line,
+                        "extends",
+                        f"{rel!r} is not a file name",
+                        'name a spec file relative to this one: extends = "base/host.toml"',
+                    )
+                )
+                continue
             target = (path.parent / rel).resolve()
             if not target.is_relative_to(self.root):
                 self.problems.append(
