@@ -24,10 +24,19 @@ def folder_image(out: Path) -> str | None:
     except FileNotFoundError:
         return None
     index = json.loads((out / "oci" / "index.json").read_bytes())
-    assert [m["digest"] for m in index["manifests"]] == [manifest["image"]]
+    images = [m for m in index["manifests"] if "artifactType" not in m]
+    assert [m["digest"] for m in images] == [manifest["image"]]
     blobs = out / "oci" / "blobs" / "sha256"
     for path in blobs.iterdir():
         assert sha(path) == path.name, f"{path} does not hash to its name"
+    # the SBOM: a referrer of this very image, the same bytes as the folder's sbom.cdx.json
+    artifacts = [m for m in index["manifests"] if "artifactType" in m]
+    assert len(artifacts) == ("sbom" in manifest["outputs"])
+    for desc in artifacts:
+        art = json.loads((blobs / desc["digest"].split(":")[1]).read_bytes())
+        assert art["subject"]["digest"] == manifest["image"]
+        doc = (blobs / art["layers"][0]["digest"].split(":")[1]).read_bytes()
+        assert doc == (out / "sbom.cdx.json").read_bytes()
     image = json.loads((blobs / manifest["image"].split(":")[1]).read_bytes())
     assert image["config"]["digest"] == manifest["config"]
     assert [x["digest"] for x in image["layers"]] == [x["digest"] for x in manifest["layers"]]
