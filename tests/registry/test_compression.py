@@ -206,7 +206,9 @@ def test_load_works_with_any_engine_and_says_what_it_cannot_pull(
     cli: Cli, layout: Path, docker_host: str, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("DOCKER_HOST", docker_host)
-    loaded = cli("load", layout, "--json")
+    # the folder has no build manifest (no build made it), so its archive is named directly
+    archive = layout / "docker-archive.tar"
+    loaded = cli("load", archive, "--json")
     assert loaded.exit_code == 0, loaded.stderr
     data = loaded.json()
     version = _engine_version(docker_host)
@@ -215,7 +217,7 @@ def test_load_works_with_any_engine_and_says_what_it_cannot_pull(
     run = _docker(docker_host, "run", "--rm", "--network", "none", "envbuild/hello:t")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == GREETING
-    plain = cli("load", layout)
+    plain = cli("load", archive)
     assert plain.exit_code == 0, plain.stderr
     if data["reads_zstd"] is False:
         assert f"this engine (Docker {version}) cannot pull images with zstd" in plain.stderr

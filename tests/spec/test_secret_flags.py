@@ -24,7 +24,7 @@ LITERAL = "sk-this-is-the-real-key-0123"
 CASES = [
     (["--api-key", "${VLLM_API_KEY}"], "", None),
     (["--api-key=${VLLM_API_KEY}"], "", None),
-    (["--api_key", "${K1}", "${K2}", "--port-x"], "", None),
+    (["--api_key", "${K1}", "${K2}", "--trust-remote-code"], "", None),
     (["--hf-token"], "", None),  # alone: the token of `hf auth login`
     (["--hf-token", "${HF_TOKEN}"], "", None),
     (["--trust-remote-code"], "", None),
