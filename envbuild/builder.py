@@ -25,7 +25,14 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import ToolNotFound
-from envbuild.toolchain import Nvcc, compiler_version, find_nvcc, nvcc_info
+from envbuild.toolchain import (
+    Nvcc,
+    assemble_cuda_home,
+    check_toolkit,
+    compiler_version,
+    find_nvcc,
+    nvcc_info,
+)
 
 log = logging.getLogger("envbuild.builder")
 
@@ -154,6 +161,7 @@ class HostBuilder(Builder):
             found = find_nvcc(env=self.base_env)
             assert found is not None
             nvcc = nvcc_info(found)
+            check_toolkit(nvcc)
             compilers["nvcc"] = nvcc.version
         return Toolchain(python=python, compilers=compilers, nvcc=nvcc)
 
@@ -184,7 +192,7 @@ class HostBuilder(Builder):
             install += ["--extra-index-url", self._expand(url)]
         if job.requires and not step([*install, *job.requires], env):
             return BuildOutcome(1, blog.text(), None)
-        build_env = self._build_env(job)
+        build_env = self._build_env(job, venv)
         argv: list[str | proc.Secret] = [
             uv,
             "build",
@@ -208,15 +216,22 @@ class HostBuilder(Builder):
             return url
         return proc.Secret(_REF.sub(lambda m: self.base_env.get(m.group(1), ""), url))
 
-    def _build_env(self, job: BuildJob) -> dict[str, str]:
+    def _build_env(self, job: BuildJob, venv: Path) -> dict[str, str]:
+        """The build's environment: the flags, SOURCE_DATE_EPOCH, and, when there is an nvcc,
+        ``CUDA_HOME`` made for this build (:func:`envbuild.toolchain.assemble_cuda_home`: the
+        toolkit plus the venv's NVIDIA wheels' headers and libraries) with its ``bin`` first on
+        PATH."""
         extra = dict(job.env)
         extra["SOURCE_DATE_EPOCH"] = SOURCE_DATE_EPOCH
         nvcc = find_nvcc(required=False, env=self.base_env)
         env = self._env(extra)
         if nvcc is not None:
-            bin_dir = str(Path(nvcc).parent)
-            env["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
-            env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+            toolkit = Path(nvcc).resolve().parent.parent
+            home = assemble_cuda_home(
+                toolkit, sorted(venv.glob("lib/python*/site-packages")), job.work_dir / "cuda"
+            )
+            env["CUDA_HOME"] = str(home)
+            env["PATH"] = str(home / "bin") + os.pathsep + env.get("PATH", "")
         return env
 
 

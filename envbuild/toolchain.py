@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +79,32 @@ class Nvcc:
         """Whether this toolkit can emit code for ``arch`` (an a/f variant needs its base arch)."""
         base = Arch(arch.major, arch.minor)
         return (base.ptx in self.ptx) if ptx else (base.sass in self.sass)
+
+
+#: What a toolkit made of NVIDIA's wheels needs beside nvcc to compile a torch extension, by
+#: the wheel that ships it: (path under CUDA_HOME, alternatives, wheel).
+_TOOLKIT_PARTS = (
+    ("nvvm/bin/cicc", (), "nvidia-nvvm"),
+    ("include/crt/host_config.h", ("bin/crt/host_config.h",), "nvidia-cuda-crt"),
+    ("include/cuda_runtime.h", (), "nvidia-cuda-runtime"),
+    # cuda_fp16.h includes <nv/target>: CCCL's, under include/cccl from CUDA 13 on
+    ("include/cccl/nv/target", ("include/nv/target",), "nvidia-cuda-cccl"),
+)
+
+
+def check_toolkit(nvcc: Nvcc) -> None:
+    """The toolkit around ``nvcc`` has what a CUDA extension build includes and runs (nvvm's
+    cicc, crt, the runtime headers, CCCL's ``nv/target``): a missing part is one clear
+    message naming the wheel that ships it, before a build starts, not a compile error an
+    hour in."""
+    home = Path(nvcc.cuda_home)
+    for path, alternatives, wheel in _TOOLKIT_PARTS:
+        if not any((home / p).is_file() for p in (path, *alternatives)):
+            raise ToolNotFound(
+                f"{path} of the CUDA toolkit at {home} (nvcc {nvcc.version})",
+                hint=f"it comes with NVIDIA's {wheel} wheel: install `{wheel}=={nvcc.release}.*` "
+                "beside nvcc (as scripts/test does), or use a whole toolkit (/usr/local/cuda)",
+            )
 
 
 _NVCC_VERSION = re.compile(r"\bV(\d+\.\d+\.\d+)")
@@ -204,11 +230,91 @@ def cpu_count() -> int:
 
 
 def choose_max_jobs(
-    nvcc_threads: int, *, memory: int | None = None, cores: int | None = None
+    nvcc_threads: int,
+    *,
+    memory: int | None = None,
+    cores: int | None = None,
+    per_job: JobMemory | None = None,
 ) -> int:
-    """Compile jobs that fit: ~9 GB per job at 4 nvcc threads (scaled by threads), at most one
+    """Compile jobs that fit: ``per_job`` (default :func:`job_memory` without a model: ~9 GB
+    per job at 4 nvcc threads) into ``memory`` (default: what is available now), at most one
     per core, at least one."""
     memory = available_memory_bytes() if memory is None else memory
     cores = cpu_count() if cores is None else cores
-    per_job = GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4
-    return max(1, min(cores, int(memory // per_job)))
+    return (per_job or job_memory(nvcc_threads, 0)).jobs_that_fit(memory, cores)
+
+
+# --- a CUDA_HOME for a build --------------------------------------------------------------------
+
+#: ``libcudart.so.13`` -> ``libcudart.so``: the dev link the linker's ``-lcudart`` looks for.
+_SONAME = re.compile(r"^(lib[^/]+\.so)\.\d+$")
+
+
+def assemble_cuda_home(toolkit: Path, site_packages: Sequence[Path], dest: Path) -> Path:
+    """A toolkit folder for one build, made of links: the nvcc toolkit's ``bin`` and ``nvvm``,
+    and ``include`` and ``lib64`` holding the toolkit's files and then those of the build venv's
+    NVIDIA wheels (``site-packages/nvidia/*/include|lib``: cuBLAS, cuSPARSE, cuSOLVER …, whose
+    headers torch's ``ATen/cuda`` headers include), the toolkit's winning a clash. NVIDIA's
+    wheels ship ``libcudart.so.13`` but not the ``libcudart.so`` that torch's ``-lcudart``
+    links against: each versioned library without one gets its unversioned link. A toolkit
+    that is already whole (``/usr/local/cuda``) gains only what it lacks."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for sub in ("bin", "nvvm"):
+        if (toolkit / sub).is_dir() and not (dest / sub).exists():
+            (dest / sub).symlink_to((toolkit / sub).resolve(), target_is_directory=True)
+    nvidia = [p / "nvidia" for p in site_packages]
+    roots = [toolkit, *sorted(d for n in nvidia if n.is_dir() for d in n.iterdir() if d.is_dir())]
+    for sub, dirs in (("include", ("include",)), ("lib64", ("lib64", "lib"))):
+        out = dest / sub
+        out.mkdir(exist_ok=True)
+        for root in roots:
+            for name in dirs:
+                folder = root / name
+                if not folder.is_dir():
+                    continue
+                for entry in sorted(folder.iterdir()):
+                    link = out / entry.name
+                    if not link.exists() and not link.is_symlink():
+                        link.symlink_to(entry.resolve())
+    lib = dest / "lib64"
+    for entry in sorted(lib.iterdir()):
+        m = _SONAME.match(entry.name)
+        if m and not (lib / m.group(1)).exists():
+            (lib / m.group(1)).symlink_to(entry.resolve())
+    return dest
+
+
+# --- memory per compile job ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What one compile job of a build needs, and where that figure comes from."""
+
+    per_job_bytes: int
+    source: str
+
+    def jobs_that_fit(self, memory: int, cores: int) -> int:
+        """Compile jobs that fit in ``memory``: at most one per core, at least one."""
+        return max(1, min(cores, memory // max(1, self.per_job_bytes)))
+
+
+def job_memory(
+    nvcc_threads: int, archs: int, *, gb_base: float | None = None, gb_per_arch: float | None = None
+) -> JobMemory:
+    """Peak memory of one compile job. nvcc's ``--threads T`` compiles min(T, archs) of a file's
+    archs at once, each its own cicc and ptxas, so a job needs ``gb_base + gb_per_arch *
+    min(T, archs)`` (a measured model from the knowledge base). Without one: flash-attn's own
+    rule, ~9 GB per job at 4 threads, scaled by threads."""
+    if gb_base is not None and gb_per_arch is not None:
+        at_once = max(1, min(max(1, nvcc_threads), max(1, archs)))
+        return JobMemory(
+            int((gb_base + gb_per_arch * at_once) * 1e9),
+            f"{gb_base:g} GB + {gb_per_arch:g} GB x {at_once} arch(s) at once "
+            f"(NVCC_THREADS={nvcc_threads}, {archs} arch(s))",
+        )
+    return JobMemory(
+        int(GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4),
+        f"flash-attn's estimate, ~{GB_PER_JOB_AT_4_THREADS:g} GB per job at 4 nvcc threads, "
+        f"scaled to {nvcc_threads}",
+    )
