@@ -32,6 +32,7 @@ from envbuild.toolchain import (
     compiler_version,
     find_nvcc,
     nvcc_info,
+    toolkit_home,
 )
 
 log = logging.getLogger("envbuild.builder")
@@ -226,7 +227,7 @@ class HostBuilder(Builder):
         nvcc = find_nvcc(required=False, env=self.base_env)
         env = self._env(extra)
         if nvcc is not None:
-            toolkit = Path(nvcc).resolve().parent.parent
+            toolkit = Path(toolkit_home(nvcc))
             home = assemble_cuda_home(
                 toolkit, sorted(venv.glob("lib/python*/site-packages")), job.work_dir / "cuda"
             )

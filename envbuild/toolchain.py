@@ -66,6 +66,7 @@ class Nvcc:
     version: str  # 13.0.88
     sass: tuple[str, ...]  # sm_75 … as `nvcc --list-gpu-code` says
     ptx: tuple[str, ...]  # compute_75 …
+    home: str | None = None  # the toolkit nvcc says it runs from (None: from its path)
 
     @property
     def release(self) -> str:
@@ -73,7 +74,7 @@ class Nvcc:
 
     @property
     def cuda_home(self) -> str:
-        return str(Path(self.path).resolve().parent.parent)
+        return self.home or str(Path(self.path).resolve().parent.parent)
 
     def can_compile(self, arch: Arch, *, ptx: bool = False) -> bool:
         """Whether this toolkit can emit code for ``arch`` (an a/f variant needs its base arch)."""
@@ -115,7 +116,28 @@ def nvcc_info(path: str) -> Nvcc:
     version_out = proc.run([path, "--version"], tool="nvcc", env=env).stdout
     codes = proc.run([path, "--list-gpu-code"], tool="nvcc", env=env).stdout
     archs = proc.run([path, "--list-gpu-arch"], tool="nvcc", env=env).stdout
-    return parse_nvcc(path, version_out, codes, archs)
+    found = parse_nvcc(path, version_out, codes, archs)
+    return Nvcc(found.path, found.version, found.sass, found.ptx, toolkit_home(path))
+
+
+_HERE = re.compile(r"^#\$ _HERE_=(.+)$", re.MULTILINE)
+
+
+def toolkit_home(nvcc: str) -> str:
+    """The toolkit ``nvcc`` runs from, as nvcc itself says (``--dryrun`` prints its
+    ``_HERE_``, the folder of the real binary): an nvcc on PATH may be a wrapper script
+    (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in /usr/local/bin), whose own folder's parent
+    is no toolkit. Falls back to the resolved path's grandparent."""
+    done = proc.run(
+        [nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
+        tool="nvcc",
+        env=proc.child_env(),
+        check=False,
+    )
+    m = _HERE.search(done.stdout + done.stderr)
+    if m and Path(m.group(1).strip(), "nvcc").is_file():
+        return str(Path(m.group(1).strip()).resolve().parent)
+    return str(Path(nvcc).resolve().parent.parent)
 
 
 def parse_nvcc(path: str, version_out: str, codes: str, archs: str) -> Nvcc:

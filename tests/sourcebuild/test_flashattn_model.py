@@ -34,7 +34,14 @@ from envbuild.sourcebuild import (
 )
 from envbuild.spec.knowledge import build_memory
 from envbuild.store import Store, derivation_key
-from envbuild.toolchain import Nvcc, assemble_cuda_home, check_toolkit, job_memory
+from envbuild.toolchain import (
+    Nvcc,
+    assemble_cuda_home,
+    check_toolkit,
+    job_memory,
+    nvcc_info,
+    toolkit_home,
+)
 
 NVCC = Nvcc(path="/cuda/bin/nvcc", version="13.0.88", sass=("sm_120",), ptx=("compute_120",))
 TOOLCHAIN = Toolchain(
@@ -322,3 +329,15 @@ def test_a_toolkit_without_cccl_is_refused_before_building(tmp_path: Path) -> No
     assert err.value.hint and "nvidia-cuda-cccl==13.0.*" in err.value.hint
     _touch(toolkit / "include" / "cccl" / "nv" / "target")
     check_toolkit(info)
+
+
+def test_an_nvcc_wrapper_on_path_leads_to_the_real_toolkit(tmp_path: Path, nvcc: str) -> None:
+    """/usr/local/bin/nvcc may be `exec /usr/local/cuda-13.0/bin/nvcc "$@"`: its folder's
+    parent (/usr/local) is no toolkit; nvcc's own --dryrun names the real one."""
+    wrapper = tmp_path / "bin" / "nvcc"
+    _touch(wrapper, f'#!/bin/sh\nexec {nvcc} "$@"\n').chmod(0o755)
+    real = nvcc_info(nvcc).cuda_home
+    found = nvcc_info(str(wrapper))
+    assert found.path == str(wrapper) and found.cuda_home == real != str(tmp_path)
+    assert toolkit_home(str(wrapper)) == real
+    check_toolkit(found)  # the real toolkit is whole (scripts/test installs CCCL too)
