@@ -38,7 +38,7 @@ from typing import Any
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from envbuild.audit import Audit, audit_wheel
 from envbuild.builder import (
@@ -686,10 +686,13 @@ class JobsPlan(_Model):
     cores: int
     safe_max_jobs: int = Field(description="the most jobs that fit the memory and cores")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def peak_bytes(self) -> int:
+        """The estimated peak: MAX_JOBS jobs at once, each at its model's peak."""
         return self.max_jobs * self.per_job_bytes
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def fits(self) -> bool:
         return self.peak_bytes <= self.memory_bytes
