@@ -345,3 +345,24 @@ def test_an_nvcc_wrapper_on_path_leads_to_the_real_toolkit(tmp_path: Path, nvcc:
     assert found.path == str(wrapper) and found.cuda_home == real != str(tmp_path)
     assert toolkit_home(str(wrapper)) == real
     check_toolkit(found)  # the real toolkit is whole (scripts/test installs CCCL too)
+
+
+def test_ninjas_lines_are_logged_as_progress(caplog: pytest.LogCaptureFixture) -> None:
+    from envbuild.builder import NinjaProgress
+
+    now = [0.0]
+    progress = NinjaProgress("flash-attn 2.8.3.post2", clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="envbuild.builder"):
+        for t, line in [
+            (60, "[1/73] c++ -MMD -MF flash_api.o.d ... -c flash_api.cpp\n"),
+            (90, "warning: something else\n"),
+            (600, "[2/73] /tmp/cuda/bin/nvcc ... -c flash_bwd_hdim128_bf16_sm80.cu\n"),
+            (600, "[2/73] printed twice\n"),
+            (900, "  [3/73] indented: not ninja's\n"),
+        ]:
+            now[0] = t
+            progress(line)
+    assert [r.getMessage() for r in caplog.records] == [
+        "flash-attn 2.8.3.post2: 1/73 objects compiled (1 min, 1.0 min each so far)",
+        "flash-attn 2.8.3.post2: 2/73 objects compiled (10 min, 5.0 min each so far)",
+    ]
