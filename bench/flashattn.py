@@ -212,6 +212,35 @@ def ninja_progress(log: str) -> list[tuple[float, int, int]]:
     return out
 
 
+def _cpu_seconds() -> float | None:
+    """CPU seconds the running build has used so far: ninja's finished children (cutime,
+    cstime: every compile job it waited for) plus what its live descendants have used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs = _procs()
+    ninja = [p for p, (_, _, comm, _) in procs.items() if comm == "ninja"]
+    root = Path(OUT / "build.pid").read_text().strip() if (OUT / "build.pid").exists() else ""
+    total = 0.0
+    for pid in ninja:
+        chain, p = [], pid
+        while p in procs and p > 1:
+            chain.append(p)
+            p = procs[p][0]
+        if root and int(root) not in chain:
+            continue
+        todo = [pid]
+        while todo:
+            q = todo.pop()
+            try:
+                stat = Path(f"/proc/{q}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            total += sum(int(x) for x in fields[11:15]) / tick
+            todo += [c for c, (pp, *_r) in procs.items() if pp == q]
+        return total
+    return None
+
+
 def _stamp(text: str) -> float:
     return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
 
@@ -311,6 +340,18 @@ def record(args: argparse.Namespace) -> int:
         }
         if rate:
             figures["projected_total_s"] = round(total / rate * 60)
+        cpu = _cpu_seconds() if done is None else None
+        if cpu and n1 > 1:
+            per = cpu / n1
+            figures["cpu"] = {
+                "cpu_s": round(cpu),
+                "cpu_s_per_object": round(per),
+                "share_of_2_cores": round(cpu / elapsed / 2, 3),
+                "projected_on_2_idle_cores_s": round(per * total / 2),
+                "how": "ninja's cutime+cstime (the compile jobs it waited for) plus its live "
+                "descendants' CPU time, while the build runs, over the objects finished (the "
+                "running jobs' CPU counts too, so per object it is an upper bound)",
+            }
     if done and done.get("ok"):
         result = done["result"]
         store = Store(Path(done["store"]))
@@ -338,10 +379,12 @@ def record(args: argparse.Namespace) -> int:
             figures["cache_hit_reused"] = again.reused
         elif RESULT.exists():
             old = json.loads(RESULT.read_text())
-            for k in ("cache_hit_s", "cache_hit_reused"):
+            for k in ("cache_hit_s", "cache_hit_reused", "cpu"):
                 if k in old:
                     figures[k] = old[k]
     else:
+        if "cpu" not in figures and RESULT.exists():
+            figures["cpu"] = json.loads(RESULT.read_text()).get("cpu")
         figures["finished"] = False
         figures["state"] = (
             "running" if done is None else f"ended without a wheel: {done.get('error')}"
@@ -380,6 +423,11 @@ def write_section(f: dict[str, Any]) -> None:
         ("objects", f"{obj.get('done')}/{obj.get('total')} in {obj.get('elapsed_s')} s: "
          f"{obj.get('per_minute')} per minute"),
         ("projected compile", f"{f.get('projected_total_s', '-')} s at that rate"),
+        ("CPU used (share of 2 cores)", f"{(f.get('cpu') or {}).get('cpu_s')} s "
+         f"({(f.get('cpu') or {}).get('share_of_2_cores')}), "
+         f"{(f.get('cpu') or {}).get('cpu_s_per_object')} s per object"),
+        ("projected on 2 idle cores",
+         f"{(f.get('cpu') or {}).get('projected_on_2_idle_cores_s')} s"),
         ("wall_s", str(f.get("wall_s", "-"))),
         ("wheel", f"{f.get('wheel', '-')} ({f.get('wheel_bytes', '-')} bytes, sha256 "
          f"{str(f.get('wheel_sha256', '-'))[:16]}…)"),
