@@ -439,6 +439,8 @@ def write_section(f: dict[str, Any]) -> None:
         for h in per.get("heaviest", [])
     )
     m = f["machine"]
+    idle = (f.get("cpu") or {}).get("projected_on_2_idle_cores_s")
+    fits = "" if not idle else (", within 3 hours" if idle < 3 * 3600 else ", over 3 hours")
     text = "\n".join(
         [
             SECTION,
@@ -454,6 +456,24 @@ def write_section(f: dict[str, Any]) -> None:
             *[f"| {k} | {v} |" for k, v in rows],
             "",
             f"Heaviest jobs: {heavy or '-'}.",
+            "",
+            "What the figures say. One compile job for one arch (sm_120) peaks at the per-job "
+            "figure above, nearly all of it one cicc: that is the knowledge base's "
+            "`[[build_memory]]` model for flash-attn (0.5 GB + 6 GB per arch nvcc compiles at "
+            "once), from which envbuild chose MAX_JOBS=2 on this 2-core machine and warns that "
+            "glm5-gguf's pinned 16 x 4 would need ~104 GB. The build's rate here is set by the "
+            "CPU share a nice-19 job gets on a shared machine (the share column); on 2 idle "
+            f"cores the same CPU time takes the projected figure{fits}. CI (90 "
+            "minutes on 2 cores for everything) must never build it: a wheel built once is "
+            "found by its key (`envbuild store add-wheel`, or a remote cache with `--cache`), "
+            "and MAX_JOBS/NVCC_THREADS are not in the key, so a big machine's build serves "
+            "every machine with the same toolchain.",
+            "",
+            "Reproduce: `ENVBUILD_NVCC=<nvcc 13.0.88 from NVIDIA's wheels> nohup nice -n 19 "
+            "python3 bench/flashattn.py build &` (log and samples in bench/out/), then "
+            "`python3 bench/flashattn.py record --results-md` (add `--cache-hit` once it has "
+            "finished: it times the second realize, installs the wheel beside the lock's torch "
+            "and imports it).",
             "",
         ]
     )
