@@ -16,8 +16,11 @@ which inputs changed since the last build of that distribution (a list item by i
 ``constraints: torch==2.14.0 -> torch==2.14.1``). A build that fails, is killed for
 memory, or whose audit lacks a target GPU's compute capability leaves the store as it was.
 
-``MAX_JOBS`` not pinned by the spec is chosen from free memory and cores and recorded in the
-derivation's meta; it is not a key input (it changes the build's speed, not its output).
+``MAX_JOBS`` and ``NVCC_THREADS`` are not key inputs (they change the build's speed, not its
+output). ``MAX_JOBS`` not pinned by the spec is chosen from the knowledge base's measured memory
+model of one compile job (:func:`plan_jobs`), the available memory and the cores; a pinned one
+that would not fit is warned about at build start with a safe value. The value used is recorded
+in the derivation's meta.
 """
 
 from __future__ import annotations
@@ -795,9 +798,10 @@ def _failure(
             tail,
             summary=f"building {req.dist} {req.version} was killed (signal 9: out of memory?) "
             f"with MAX_JOBS={max_jobs}",
-            hint=f"lower MAX_JOBS (it was {max_jobs}; each flash-attn job needs about 9 GB at 4 "
-            "nvcc threads) in [builds." + req.dist + ".env], or build on a bigger machine and "
-            "`envbuild store add-wheel` the result",
+            hint=f"lower MAX_JOBS (it was {max_jobs}) in [builds.{req.dist}.env], or leave it "
+            "out to have it chosen from the memory model (`envbuild store plan` shows the "
+            "estimate and a safe value), or build on a bigger machine and `envbuild store "
+            "add-wheel` the result",
         )
     if arch := unsupported_arch(outcome):
         return BuildFailed(
