@@ -469,6 +469,16 @@ def write_section(f: dict[str, Any]) -> None:
             "and MAX_JOBS/NVCC_THREADS are not in the key, so a big machine's build serves "
             "every machine with the same toolchain.",
             "",
+            "The first attempt (2026-12-01, before envbuild handled them) stopped in its first "
+            "two compile jobs, 4 s in: `cuda_fp16.h:4492: fatal error: nv/target: No such file "
+            "or directory` (the wheels' toolkit had no CCCL) and `ATen/ATen.h:5: #error C++20 or "
+            "later compatible compiler is required to use ATen.` (setup.py's -std=c++17). "
+            "envbuild now refuses a toolkit without CCCL before building, applies the knowledge "
+            "base's C++20 patch to the sdist for torch >= 2.13 (keyed), and gives the build a "
+            "CUDA_HOME holding the venv's cuBLAS/cuSPARSE/cuSOLVER headers and a libcudart.so "
+            "link (docs/sourcebuild.md). setup.py never tried its prebuilt-wheel download "
+            "(FLASH_ATTENTION_FORCE_BUILD=TRUE, forced by envbuild).",
+            "",
             "Reproduce: `ENVBUILD_NVCC=<nvcc 13.0.88 from NVIDIA's wheels> nohup nice -n 19 "
             "python3 bench/flashattn.py build &` (log and samples in bench/out/), then "
             "`python3 bench/flashattn.py record --results-md` (add `--cache-hit` once it has "
