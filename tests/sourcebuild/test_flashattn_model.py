@@ -266,11 +266,12 @@ def test_patch_sdist_of_a_hostile_tar_writes_nothing_outside(
 def test_the_cxx20_patch_applies_to_the_real_sdist(tmp_path: Path) -> None:
     """The locked flash_attn-2.8.3.post2.tar.gz (8 MB from PyPI): the patch applies with no
     fuzz and leaves no -std=c++17 in the CUDA flags."""
-    from envbuild.lock import read_lock
+    from envbuild.lock import lock_path, read_lock
     from envbuild.sourcebuild import SOURCE_PATCHES, fetch_sdist
+    from envbuild.spec.load import load_spec
 
     repo = Path(__file__).resolve().parents[2]
-    lock = read_lock(repo / "lockfiles" / "glm5-gguf.pylock.toml")
+    lock = read_lock(lock_path(load_spec(repo / "specs" / "glm5-gguf.toml")))
     locked = lock.build("flash-attn")
     assert locked is not None
     ref = FileRef(name=locked.sdist.name, url=locked.sdist.url, sha256=locked.sdist.hashes.sha256)
