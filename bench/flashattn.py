@@ -42,7 +42,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-OUT = HERE / "out"
+#: Where a build's log and samples go; FLASHATTN_BENCH_OUT points ``record`` at another
+#: checkout's (a build started in one worktree, recorded from another).
+OUT = Path(os.environ.get("FLASHATTN_BENCH_OUT") or HERE / "out")
 LOG = OUT / "flash-attn.build.log"
 SAMPLES = OUT / "flash-attn.samples.jsonl"
 JOBS = OUT / "flash-attn.jobs.json"
@@ -291,7 +293,7 @@ def record(args: argparse.Namespace) -> int:
         "max_jobs": int(m.group(1)) if m else None,
         "max_jobs_how": m.group(2) if m else None,
     }
-    figures |= _toolchain(Path(done["spec"]) if done else args.spec)
+    figures |= _toolchain(args.spec)
     first = re.match(r"^(\S+) ", log)
     start = _stamp(first.group(1)) if first else None
     progress = ninja_progress(log)
@@ -367,9 +369,9 @@ def record(args: argparse.Namespace) -> int:
             "archs": audit.sass,
             "ptx": audit.ptx,
         }
-        figures["import"] = verify_import(Path(done["spec"]), wheel, result["wheel"])
+        figures["import"] = verify_import(args.spec, wheel, result["wheel"])
         if args.cache_hit:
-            _, req = _request(Path(done["spec"]), None)
+            _, req = _request(args.spec, None)
             from envbuild.builder import HostBuilder
             from envbuild.sourcebuild import realize
 
