@@ -169,6 +169,11 @@ def build(args: argparse.Namespace) -> int:
     from envbuild.store import Store
 
     OUT.mkdir(exist_ok=True)
+    # the build's own pid and session (start it with setsid: then every process of the build,
+    # ninja's own process groups too, is in this session; stop them all with
+    #   for g in $(ps -eo sid=,pgid= | awk -v s=SID '$1==s{print $2}' | sort -u)
+    #   do kill -- -$g; done
+    (OUT / "build.pid").write_text(f"{os.getpid()} {os.getsid(0)}\n")
     logging.basicConfig(
         level=logging.DEBUG,
         filename=LOG,
@@ -220,7 +225,8 @@ def _cpu_seconds() -> float | None:
     tick = os.sysconf("SC_CLK_TCK")
     procs = _procs()
     ninja = [p for p, (_, _, comm, _) in procs.items() if comm == "ninja"]
-    root = Path(OUT / "build.pid").read_text().strip() if (OUT / "build.pid").exists() else ""
+    pid_file = OUT / "build.pid"
+    root = pid_file.read_text().split()[0] if pid_file.exists() else ""
     total = 0.0
     for pid in ninja:
         chain, p = [], pid
@@ -461,9 +467,11 @@ def write_section(f: dict[str, Any]) -> None:
             "",
             "What the figures say. One compile job for one arch (sm_120) peaks at the per-job "
             "figure above, nearly all of it one cicc: that is the knowledge base's "
-            "`[[build_memory]]` model for flash-attn (0.5 GB + 6 GB per arch nvcc compiles at "
-            "once), from which envbuild chose MAX_JOBS=2 on this 2-core machine and warns that "
-            "glm5-gguf's pinned 16 x 4 would need ~104 GB. The build's rate here is set by the "
+            "`[[build_memory]]` model for flash-attn (0.5 GB + 6.5 GB per arch nvcc compiles "
+            "at once), from which envbuild chose MAX_JOBS within the build's memory budget "
+            "(ENVBUILD_BUILD_MEMORY=12GiB on this machine shared with six other helpers; with "
+            "all 24 GB it would choose 2, one per core) and warns that glm5-gguf's pinned 16 x "
+            "4 would need ~112 GB. The build's rate here is set by the "
             "CPU share a nice-19 job gets on a shared machine (the share column); on 2 idle "
             f"cores the same CPU time takes the projected figure{fits}. CI (90 "
             "minutes on 2 cores for everything) must never build it: a wheel built once is "

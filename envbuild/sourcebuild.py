@@ -67,7 +67,7 @@ from envbuild.spec.checks.builds import INT_ENV, is_count
 from envbuild.store import Derivation, Output, Store, derivation_key
 from envbuild.toolchain import (
     JobMemory,
-    available_memory_bytes,
+    build_memory_budget,
     cpu_count,
     job_memory,
     requested_archs,
@@ -685,7 +685,10 @@ class JobsPlan(_Model):
     archs: int = Field(description="archs each file is compiled for")
     per_job_bytes: int
     per_job_source: str
-    memory_bytes: int = Field(description="what the builder has available (MemAvailable, cgroup)")
+    memory_bytes: int = Field(
+        description="what the build may use: MemAvailable, capped by the cgroup limit and "
+        "$ENVBUILD_BUILD_MEMORY"
+    )
     cores: int
     safe_max_jobs: int = Field(description="the most jobs that fit the memory and cores")
 
@@ -701,7 +704,7 @@ class JobsPlan(_Model):
         return self.peak_bytes <= self.memory_bytes
 
     def render(self) -> str:
-        how = "pinned by the spec" if self.pinned else "chosen from free memory"
+        how = "pinned by the spec" if self.pinned else "chosen from the memory model"
         return (
             f"MAX_JOBS={self.max_jobs} ({how}) x NVCC_THREADS={self.nvcc_threads}: about "
             f"{self.peak_bytes / 1e9:.1f} GB at peak ({self.per_job_bytes / 1e9:.1f} GB per job: "
@@ -746,7 +749,7 @@ def plan_jobs(
         if fact
         else job_memory(threads, archs)
     )
-    memory = available_memory_bytes() if memory is None else memory
+    memory = build_memory_budget() if memory is None else memory
     cores = cpu_count() if cores is None else cores
     safe = per_job.jobs_that_fit(memory, cores)
     return JobsPlan(

@@ -244,6 +244,43 @@ def available_memory_bytes() -> int:
     return avail
 
 
+_SIZE = re.compile(r"^\s*(\d{1,15}(?:\.\d{1,6})?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``12GiB``, ``12G`` or ``12GB`` (10^9), ``1500MB``, ``12000000000`` -> a positive number
+    of bytes; ValueError otherwise."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    power = "kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0
+    if m.group(3) and not power:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    value = int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive size")
+    return value
+
+
+def build_memory_budget(env: Mapping[str, str] | None = None) -> int:
+    """Memory a source build may use: :func:`available_memory_bytes`, capped by
+    ``$ENVBUILD_BUILD_MEMORY`` (``12GiB``) when set: on a machine shared with other work the
+    memory free now is not all the build's to take."""
+    env = os.environ if env is None else env
+    avail = available_memory_bytes()
+    if value := env.get("ENVBUILD_BUILD_MEMORY"):
+        from envbuild.errors import UsageError
+
+        try:
+            cap = parse_size(value)
+        except ValueError as exc:
+            raise UsageError(
+                f"ENVBUILD_BUILD_MEMORY: {exc}", hint="set it like ENVBUILD_BUILD_MEMORY=12GiB"
+            ) from None
+        return min(avail, cap) if avail else cap
+    return avail
+
+
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -367,3 +367,36 @@ def test_ninjas_lines_are_logged_as_progress(caplog: pytest.LogCaptureFixture) -
         "flash-attn 2.8.3.post2: 1/73 objects compiled (1 min, 1.0 min each so far)",
         "flash-attn 2.8.3.post2: 2/73 objects compiled (10 min, 5.0 min each so far)",
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=40) | st.from_regex(r"\s*\d{1,4}(\.\d{1,3})?\s*[kKmMgGtT]?i?[bB]?\s*"))
+def test_a_memory_budget_is_a_positive_size_or_a_clear_error(text: str) -> None:
+    from envbuild.toolchain import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        assert repr(text) in str(exc)
+    else:
+        assert isinstance(value, int) and value > 0
+
+
+def test_envbuild_build_memory_caps_what_max_jobs_is_chosen_from(
+    sdists: Callable[[str], FileRef], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from envbuild.errors import UsageError
+    from envbuild.toolchain import build_memory_budget, parse_size
+
+    assert parse_size("12GiB") == 12 * 2**30 and parse_size("12G") == parse_size("12GB") == 12 * GB
+    monkeypatch.setattr("envbuild.toolchain.available_memory_bytes", lambda: 24 * GB)
+    assert build_memory_budget({}) == 24 * GB
+    assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "12GiB"}) == 12 * 2**30
+    assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "64GB"}) == 24 * GB  # never above free
+    req = flash(sdists("cext"), {**ARCHS, "NVCC_THREADS": "4"})
+    monkeypatch.setenv("ENVBUILD_BUILD_MEMORY", "12GiB")  # a shared machine's share
+    plan = plan_jobs(req, cores=2)
+    assert plan.memory_bytes == 12 * 2**30 and plan.max_jobs == 1 and plan.fits
+    monkeypatch.setenv("ENVBUILD_BUILD_MEMORY", "lots")
+    with pytest.raises(UsageError, match="ENVBUILD_BUILD_MEMORY: 'lots' is not a size"):
+        plan_jobs(req, cores=2)
