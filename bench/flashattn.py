@@ -249,6 +249,34 @@ def _cpu_seconds() -> float | None:
     return None
 
 
+def _earlier(jobs_file: Path) -> dict[str, Any]:
+    """What a stopped earlier run (its files renamed ``attempt*``) measured."""
+    name = jobs_file.name.removesuffix(".jobs.json")
+    data = json.loads(jobs_file.read_text())
+    log = (OUT / f"{name}.build.log").read_text(errors="replace")
+    progress = ninja_progress(log)
+    m = re.search(r"building with MAX_JOBS=(\d+)", log)
+    first = re.match(r"^(\S+) ", log)
+    rows = data["jobs"]
+    return {
+        "run": name,
+        "max_jobs": int(m.group(1)) if m else None,
+        "peak_rss_bytes": data["peak_rss_bytes"],
+        "objects_done": progress[-1][1] if progress else 0,
+        "elapsed_s": round(progress[-1][0] - _stamp(first.group(1)))
+        if progress and first
+        else None,
+        "jobs": [
+            {
+                "source": Path(j["source"]).name,
+                "peak_rss_bytes": j["peak"],
+                "seconds": round(j["end"] - j["start"]),
+            }
+            for j in rows
+        ],
+    }
+
+
 def _stamp(text: str) -> float:
     return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
 
@@ -397,6 +425,7 @@ def record(args: argparse.Namespace) -> int:
         figures["state"] = (
             "running" if done is None else f"ended without a wheel: {done.get('error')}"
         )
+    figures["earlier_runs"] = [_earlier(p) for p in sorted(OUT.glob("attempt*.jobs.json"))]
     RESULT.parent.mkdir(exist_ok=True)
     RESULT.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     print(json.dumps(figures, indent=1, sort_keys=True))
@@ -465,6 +494,19 @@ def write_section(f: dict[str, Any]) -> None:
             "",
             f"Heaviest jobs: {heavy or '-'}.",
             "",
+            *[
+                f"Earlier run `{r['run']}` (MAX_JOBS={r['max_jobs']}, stopped; jobs running then "
+                "were cut short): "
+                f"{r['objects_done']} objects in {r['elapsed_s']} s, tree peak "
+                f"{_gb(r['peak_rss_bytes'])}; jobs: "
+                + ", ".join(
+                    f"{j['source'].removesuffix('.cu')} {_gb(j['peak_rss_bytes'])}"
+                    for j in r["jobs"]
+                )
+                + ".\n"
+                for r in f.get("earlier_runs", [])
+                if r["jobs"]
+            ],
             "What the figures say. One compile job for one arch (sm_120) peaks at the per-job "
             "figure above, nearly all of it one cicc: that is the knowledge base's "
             "`[[build_memory]]` model for flash-attn (0.5 GB + 6.5 GB per arch nvcc compiles "
