@@ -377,3 +377,27 @@ def job_memory(
         f"flash-attn's estimate, ~{GB_PER_JOB_AT_4_THREADS:g} GB per job at 4 nvcc threads, "
         f"scaled to {nvcc_threads}",
     )
+
+
+def cuda_home_script(python: str, toolkit: str, dest: str) -> str:
+    """Shell lines that make :func:`assemble_cuda_home` of ``toolkit`` at ``dest`` with
+    ``python`` (a builder container's interpreter: the build venv's NVIDIA wheels are its
+    site-packages) and export it as ``CUDA_HOME``: the same function, run where the files are."""
+    import inspect
+    import shlex
+
+    code = (
+        "from __future__ import annotations\n"
+        "import re, sys, sysconfig\n"
+        "from pathlib import Path\n"
+        "from collections.abc import Sequence\n"
+        f"_SONAME = re.compile({_SONAME.pattern!r})\n"
+        + inspect.getsource(assemble_cuda_home)
+        + "assemble_cuda_home(Path(sys.argv[1]), [Path(sysconfig.get_paths()['purelib'])], "
+        "Path(sys.argv[2]))\n"
+    )
+    return (
+        f"{shlex.quote(python)} - {shlex.quote(toolkit)} {shlex.quote(dest)} <<'ENVBUILD_EOF'\n"
+        f"{code}ENVBUILD_EOF\n"
+        f"export CUDA_HOME={shlex.quote(dest)}\n"
+    )

@@ -400,3 +400,29 @@ def test_envbuild_build_memory_caps_what_max_jobs_is_chosen_from(
     monkeypatch.setenv("ENVBUILD_BUILD_MEMORY", "lots")
     with pytest.raises(UsageError, match="ENVBUILD_BUILD_MEMORY: 'lots' is not a size"):
         plan_jobs(req, cores=2)
+
+
+def test_the_container_builder_makes_the_same_cuda_home_where_the_files_are(
+    tmp_path: Path,
+) -> None:
+    """The lines a builder container runs (toolchain.cuda_home_script), run here by bash with
+    this Python: the same links as assemble_cuda_home, and CUDA_HOME exported."""
+    import subprocess
+    import sys
+
+    from envbuild.toolchain import cuda_home_script
+
+    toolkit = tmp_path / "site" / "nvidia" / "cu13"
+    _touch(toolkit / "bin" / "nvcc")
+    _touch(toolkit / "include" / "cublas_v2.h")
+    _touch(toolkit / "lib" / "libcudart.so.13")
+    dest = tmp_path / "cuda home"  # a space: every path is quoted
+    script = cuda_home_script(sys.executable, str(toolkit), str(dest))
+    done = subprocess.run(
+        ["bash", "-euc", script + 'echo "CUDA_HOME=$CUDA_HOME"'],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith(f"CUDA_HOME={dest}")
+    assert (dest / "bin" / "nvcc").is_file() and (dest / "include" / "cublas_v2.h").is_file()
+    assert (dest / "lib64" / "libcudart.so").resolve() == (toolkit / "lib" / "libcudart.so.13")
