@@ -509,11 +509,11 @@ def write_section(f: dict[str, Any]) -> None:
             ],
             "What the figures say. One compile job for one arch (sm_120) peaks at the per-job "
             "figure above, nearly all of it one cicc: that is the knowledge base's "
-            "`[[build_memory]]` model for flash-attn (0.5 GB + 6.5 GB per arch nvcc compiles "
+            "`[[build_memory]]` model for flash-attn (0.5 GB + 7.0 GB per arch nvcc compiles "
             "at once), from which envbuild chose MAX_JOBS within the build's memory budget "
             "(ENVBUILD_BUILD_MEMORY=12GiB on this machine shared with six other helpers; with "
             "all 24 GB it would choose 2, one per core) and warns that glm5-gguf's pinned 16 x "
-            "4 would need ~112 GB. The build's rate here is set by the "
+            "4 would need ~120 GB. The build's rate here is set by the "
             "CPU share a nice-19 job gets on a shared machine (the share column); on 2 idle "
             f"cores the same CPU time takes the projected figure{fits}. CI (90 "
             "minutes on 2 cores for everything) must never build it: a wheel built once is "
