@@ -384,6 +384,7 @@ def record(args: argparse.Namespace) -> int:
                 "cpu_s_per_object": round(per),
                 "share_of_2_cores": round(cpu / elapsed / 2, 3),
                 "projected_on_2_idle_cores_s": round(per * total / 2),
+                "projected_on_1_idle_core_s": round(per * total),
                 "how": "ninja's cutime+cstime (the compile jobs it waited for) plus its live "
                 "descendants' CPU time, while the build runs, over the objects finished (the "
                 "running jobs' CPU counts too, so per object it is an upper bound)",
@@ -463,8 +464,9 @@ def write_section(f: dict[str, Any]) -> None:
         ("CPU used (share of 2 cores)", f"{(f.get('cpu') or {}).get('cpu_s')} s "
          f"({(f.get('cpu') or {}).get('share_of_2_cores')}), "
          f"{(f.get('cpu') or {}).get('cpu_s_per_object')} s per object"),
-        ("projected on 2 idle cores",
-         f"{(f.get('cpu') or {}).get('projected_on_2_idle_cores_s')} s"),
+        ("projected on idle cores: 2 jobs / 1 job",
+         f"{(f.get('cpu') or {}).get('projected_on_2_idle_cores_s')} s / "
+         f"{(f.get('cpu') or {}).get('projected_on_1_idle_core_s')} s"),
         ("wall_s", str(f.get("wall_s", "-"))),
         ("wheel", f"{f.get('wheel', '-')} ({f.get('wheel_bytes', '-')} bytes, sha256 "
          f"{str(f.get('wheel_sha256', '-'))[:16]}…)"),
@@ -531,8 +533,10 @@ def write_section(f: dict[str, Any]) -> None:
             "link (docs/sourcebuild.md). setup.py never tried its prebuilt-wheel download "
             "(FLASH_ATTENTION_FORCE_BUILD=TRUE, forced by envbuild).",
             "",
-            "Reproduce: `ENVBUILD_NVCC=<nvcc 13.0.88 from NVIDIA's wheels> nohup nice -n 19 "
-            "python3 bench/flashattn.py build &` (log and samples in bench/out/), then "
+            "Reproduce: `ENVBUILD_NVCC=<nvcc 13.0.88 from NVIDIA's wheels> "
+            "ENVBUILD_BUILD_MEMORY=12GiB setsid nohup nice -n 19 python3 bench/flashattn.py "
+            "build &` (log and samples in bench/out/, its pid and session in bench/out/build.pid), "
+            "then "
             "`python3 bench/flashattn.py record --results-md` (add `--cache-hit` once it has "
             "finished: it times the second realize, installs the wheel beside the lock's torch "
             "and imports it).",
