@@ -405,7 +405,15 @@ def record(args: argparse.Namespace) -> int:
             "ptx": audit.ptx,
         }
         figures["import"] = verify_import(args.spec, wheel, result["wheel"])
-        if args.cache_hit:
+        if args.cache_hit and figures["key"] != result["key"]:
+            # the code computes another key than the build had (a merge changed an input or
+            # the store's format): realize() would build again for hours, not hit the cache
+            figures["cache_hit_s"] = None
+            figures["cache_hit_note"] = (
+                f"not measured: the key here is {figures['key'][:12]}, the build's "
+                f"{result['key'][:12]}; `envbuild store add-wheel` the wheel under the new key"
+            )
+        elif args.cache_hit:
             _, req = _request(args.spec, None)
             from envbuild.builder import HostBuilder
             from envbuild.sourcebuild import realize
