@@ -45,7 +45,7 @@ from envbuild.builder import SOURCE_DATE_EPOCH, Builder, BuildJob, BuildOutcome,
 from envbuild.errors import EnvironmentFailure, ToolNotFound
 from envbuild.layers import Layer
 from envbuild.store import Output, Store
-from envbuild.toolchain import parse_nvcc
+from envbuild.toolchain import cuda_home_script, parse_nvcc
 
 log = logging.getLogger("envbuild.builder")
 
@@ -221,11 +221,15 @@ class ContainerBuilder(Builder):
             install += ["--exclude-newer", job.exclude_newer]
         nvcc = self._probed.get(True)
         build_env = {**job.env, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
-        if nvcc is not None and nvcc.nvcc is not None:
-            home = str(Path(nvcc.nvcc.path).parent.parent)
-            build_env["CUDA_HOME"] = home
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(build_env.items()))
-        cuda_path = 'export PATH="$CUDA_HOME/bin:$PATH"\n' if "CUDA_HOME" in build_env else ""
+        cuda_path = ""
+        if nvcc is not None and nvcc.nvcc is not None:
+            # a CUDA_HOME made for the build, as on the host: the wheels' toolkit has no lib64
+            # and no libcudart.so for torch's -lcudart (toolchain.assemble_cuda_home); in the
+            # container's own /tmp, not the bind-mounted work folder
+            home = str(Path(nvcc.nvcc.path).parent.parent)
+            cuda_path = cuda_home_script(self.python, home, "/tmp/envbuild-cuda")
+            cuda_path += 'export PATH="$CUDA_HOME/bin:$PATH"\n'
         uid, gid = os.getuid(), os.getgid()
         requires = " ".join(shlex.quote(r) for r in job.requires)
         build = [UV, "build", "--wheel", "--no-build-isolation", "--python", self.python]

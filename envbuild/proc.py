@@ -119,6 +119,7 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     hint: str | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run ``argv`` and return its output.
 
@@ -154,6 +155,8 @@ def run(
                     chunks.append(line)
                     tail.append(line)
                     log.debug("%s: %s", name, line.rstrip("\n"))
+                    if on_line is not None:  # a streamed line, e.g. for a progress report
+                        on_line(line)
                 returncode = proc.wait(timeout=timeout)
             stdout, stderr = "".join(chunks), ""
             tail_text = "".join(tail)

@@ -16,8 +16,11 @@ which inputs changed since the last build of that distribution (a list item by i
 ``constraints: torch==2.14.0 -> torch==2.14.1``). A build that fails, is killed for
 memory, or whose audit lacks a target GPU's compute capability leaves the store as it was.
 
-``MAX_JOBS`` not pinned by the spec is chosen from free memory and cores and recorded in the
-derivation's meta; it is not a key input (it changes the build's speed, not its output).
+``MAX_JOBS`` and ``NVCC_THREADS`` are not key inputs (they change the build's speed, not its
+output). ``MAX_JOBS`` not pinned by the spec is chosen from the knowledge base's measured memory
+model of one compile job (:func:`plan_jobs`), the available memory and the cores; a pinned one
+that would not fit is warned about at build start with a safe value. The value used is recorded
+in the derivation's meta.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from typing import Any
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from envbuild.audit import Audit, audit_wheel
 from envbuild.builder import (
@@ -59,9 +62,17 @@ from envbuild.errors import (
 from envbuild.fsio import sha256_file
 from envbuild.patches import verify_record
 from envbuild.plan import target_tags
+from envbuild.spec import knowledge
 from envbuild.spec.checks.builds import INT_ENV, is_count
 from envbuild.store import Derivation, Output, Store, derivation_key
-from envbuild.toolchain import choose_max_jobs, requested_archs, unsupported
+from envbuild.toolchain import (
+    JobMemory,
+    build_memory_budget,
+    cpu_count,
+    job_memory,
+    requested_archs,
+    unsupported,
+)
 
 log = logging.getLogger("envbuild.sourcebuild")
 
@@ -69,6 +80,10 @@ KIND = "source-build"
 #: Flags envbuild sets whatever the spec says: flash-attn's setup.py otherwise downloads a
 #: prebuilt wheel from GitHub when one matches, silently.
 FORCED_ENV: dict[str, dict[str, str]] = {"flash-attn": {"FLASH_ATTENTION_FORCE_BUILD": "TRUE"}}
+#: Flags that decide how fast a build runs, not what it makes: passed to the build, recorded in
+#: the derivation's meta, never inputs of its key (a wheel built with MAX_JOBS=2 is the one a
+#: 16-job build makes; nvcc's --threads only splits the per-arch work across threads).
+SPEED_ENV = frozenset({"MAX_JOBS", "NVCC_THREADS"})
 #: Build requirements beyond the sdist's ``[build-system]``: flash-attn has none declared.
 EXTRA_REQUIRES: dict[str, list[str]] = {
     "flash-attn": ["ninja", "packaging", "psutil", "setuptools", "wheel"],
@@ -76,6 +91,8 @@ EXTRA_REQUIRES: dict[str, list[str]] = {
 #: The PEP 517 fallback when an sdist declares no build system (setuptools < 70.1 needs wheel).
 DEFAULT_REQUIRES = ["setuptools>=40.8.0", "wheel"]
 LOG_TAIL = 40
+#: Where the knowledge base's sdist patches live (``[[source_patches]]``).
+SOURCE_PATCHES = Path(__file__).parent / "spec" / "source-patches"
 
 
 class _Model(BaseModel):
@@ -184,6 +201,7 @@ def _short(value: Any) -> str:
 def inputs_of(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -> dict[str, Any]:
     """The derivation inputs: what decides the wheel's bytes (no host path, no secret, no time)."""
     requires = sorted({*req.requires, *EXTRA_REQUIRES.get(canonicalize_name(req.dist), [])})
+    patched = {"source_patches": [p.model_dump() for p in sdist_patches(req)]}
     return {
         "dist": canonicalize_name(req.dist),
         "version": req.version,
@@ -191,12 +209,71 @@ def inputs_of(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -
         "torch": req.torch.model_dump() if req.torch else None,
         "python": toolchain.python,
         "compilers": dict(sorted(toolchain.compilers.items())),
-        "env": dict(sorted(req.build_env.items())),
+        "env": {k: v for k, v in sorted(req.build_env.items()) if k not in SPEED_ENV},
         "requires": requires,
         "constraints": sorted(req.constraints),
         "exclude_newer": req.exclude_newer,
         "builder": builder.identity(),
+        **(patched if patched["source_patches"] else {}),
     }
+
+
+class SdistPatch(_Model):
+    """A patch envbuild applies to the unpacked sdist (a ``[[source_patches]]`` fact)."""
+
+    name: str
+    sha256: str
+
+
+def sdist_patches(req: SourceBuildRequest) -> list[SdistPatch]:
+    """The knowledge base's patches for ``req``'s sdist against its locked torch, with their
+    sha256 (inputs of the key): what the real build showed the package's setup.py needs."""
+    torch = req.torch.version if req.torch else None
+    return [
+        SdistPatch(name=f.patch, sha256=sha256_file(SOURCE_PATCHES / f.patch))
+        for f in knowledge.source_patches(req.dist, req.version, torch)
+    ]
+
+
+def patch_sdist(
+    sdist: Path, patches: list[SdistPatch], work: Path, *, folder: Path = SOURCE_PATCHES
+) -> Path:
+    """``sdist`` unpacked (tarfile's ``data`` filter: nothing outside, no devices or links
+    out), patched with ``folder``'s files (GNU patch -p1, exactly or not at all) and packed
+    again under its own name in ``work/patched``; ``sdist`` itself when there is nothing to
+    apply."""
+    if not patches:
+        return sdist
+    from envbuild.patches import apply_patch
+
+    tree = work / "sdist-src"
+    try:
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tree, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise InputFileError(sdist.name, f"is not a readable sdist: {exc}") from None
+    tops = [p for p in tree.iterdir() if p.is_dir()]
+    if len(tops) != 1:
+        raise InputFileError(sdist.name, "does not hold one top folder, as an sdist does")
+    for patch in patches:
+        path = folder / patch.name
+        if sha256_file(path) != patch.sha256:
+            raise IntegrityError(
+                f"{path}: sha256 {sha256_file(path)}, the build's key holds {patch.sha256}",
+                hint="the patch changed after the key was computed; run the build again",
+            )
+        apply_patch(tops[0], path, f"envbuild/spec/source-patches/{patch.name}")
+    out = work / "patched" / sdist.name
+    out.parent.mkdir()
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(tops[0], arcname=tops[0].name, filter=_reset)
+    return out
+
+
+def _reset(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -551,15 +628,20 @@ def _build(
     *,
     memory: int | None,
 ) -> Output:
-    pinned = int_flags(req)
-    threads = pinned.get("NVCC_THREADS", 4)
-    max_jobs = pinned.get("MAX_JOBS") or choose_max_jobs(threads, memory=memory)
+    max_jobs = plan_jobs(req, memory=memory).warn().max_jobs
     env = {**req.build_env, "MAX_JOBS": str(max_jobs)}
-    how = "pinned by the spec" if "MAX_JOBS" in pinned else "chosen from free memory"
-    log.info("%s %s: building with MAX_JOBS=%d (%s)", req.dist, req.version, max_jobs, how)
     with store.temp_dir(prefix="build-") as work:
         (work / "out").mkdir()
         sdist = fetch_sdist(req.sdist, work)
+        patches = [SdistPatch.model_validate(p) for p in inputs.get("source_patches", [])]
+        if patches:
+            log.info(
+                "%s %s: patching the sdist: %s",
+                req.dist,
+                req.version,
+                ", ".join(p.name for p in patches),
+            )
+        sdist = patch_sdist(sdist, patches, work)
         requires = sorted({*inputs["requires"], *build_system_requires(sdist)})
         if req.torch:
             requires.append(f"torch=={req.torch.version}")
@@ -591,6 +673,97 @@ def _build(
             outputs={"wheel": wheel_digest, "log": log_digest},
             meta=_meta(req, outcome.wheel.name, audit, max_jobs, origin="built"),
         )
+
+
+class JobsPlan(_Model):
+    """How many compile jobs a build runs, why, and whether that fits the builder's memory."""
+
+    dist: str
+    max_jobs: int
+    pinned: bool = Field(description="MAX_JOBS is the spec's, not envbuild's choice")
+    nvcc_threads: int
+    archs: int = Field(description="archs each file is compiled for")
+    per_job_bytes: int
+    per_job_source: str
+    memory_bytes: int = Field(
+        description="what the build may use: MemAvailable, capped by the cgroup limit and "
+        "$ENVBUILD_BUILD_MEMORY"
+    )
+    cores: int
+    safe_max_jobs: int = Field(description="the most jobs that fit the memory and cores")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peak_bytes(self) -> int:
+        """The estimated peak: MAX_JOBS jobs at once, each at its model's peak."""
+        return self.max_jobs * self.per_job_bytes
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.memory_bytes
+
+    def render(self) -> str:
+        how = "pinned by the spec" if self.pinned else "chosen from the memory model"
+        return (
+            f"MAX_JOBS={self.max_jobs} ({how}) x NVCC_THREADS={self.nvcc_threads}: about "
+            f"{self.peak_bytes / 1e9:.1f} GB at peak ({self.per_job_bytes / 1e9:.1f} GB per job: "
+            f"{self.per_job_source}); {self.memory_bytes / 1e9:.1f} GB available, "
+            f"{self.cores} cores"
+        )
+
+    def warning(self) -> str | None:
+        if self.fits:
+            return None
+        return (
+            f"{self.dist}: MAX_JOBS={self.max_jobs} x NVCC_THREADS={self.nvcc_threads} needs "
+            f"about {self.peak_bytes / 1e9:.1f} GB ({self.max_jobs} jobs x "
+            f"{self.per_job_bytes / 1e9:.1f} GB: {self.per_job_source}) but "
+            f"{self.memory_bytes / 1e9:.1f} GB is available: the build may be killed; a safe "
+            f"value here is MAX_JOBS={self.safe_max_jobs} (or leave MAX_JOBS out to have it "
+            "chosen from free memory)"
+        )
+
+    def warn(self) -> JobsPlan:
+        log.info("%s: building with %s", self.dist, self.render())
+        if text := self.warning():
+            log.warning("%s", text)
+        return self
+
+
+def plan_jobs(
+    req: SourceBuildRequest, *, memory: int | None = None, cores: int | None = None
+) -> JobsPlan:
+    """MAX_JOBS for ``req`` on this machine: the spec's when pinned (checked against the
+    memory model), else as many jobs as fit. The per-job memory is the knowledge base's
+    measured model (``[[build_memory]]``) for the distribution, else flash-attn's rule."""
+    pinned = int_flags(req)
+    threads = pinned.get("NVCC_THREADS", 4)
+    try:
+        archs = len({r.arch for r in requested_archs(req.build_env) if r.sass or r.ptx})
+    except ValueError:
+        archs = 0
+    fact = knowledge.build_memory(req.dist, req.version)
+    per_job: JobMemory = (
+        job_memory(threads, archs, gb_base=fact.gb_base, gb_per_arch=fact.gb_per_arch)
+        if fact
+        else job_memory(threads, archs)
+    )
+    memory = build_memory_budget() if memory is None else memory
+    cores = cpu_count() if cores is None else cores
+    safe = per_job.jobs_that_fit(memory, cores)
+    return JobsPlan(
+        dist=req.dist,
+        max_jobs=pinned.get("MAX_JOBS") or safe,
+        pinned="MAX_JOBS" in pinned,
+        nvcc_threads=threads,
+        archs=archs,
+        per_job_bytes=per_job.per_job_bytes,
+        per_job_source=per_job.source,
+        memory_bytes=memory,
+        cores=cores,
+        safe_max_jobs=safe,
+    )
 
 
 def _meta(
@@ -628,9 +801,10 @@ def _failure(
             tail,
             summary=f"building {req.dist} {req.version} was killed (signal 9: out of memory?) "
             f"with MAX_JOBS={max_jobs}",
-            hint=f"lower MAX_JOBS (it was {max_jobs}; each flash-attn job needs about 9 GB at 4 "
-            "nvcc threads) in [builds." + req.dist + ".env], or build on a bigger machine and "
-            "`envbuild store add-wheel` the result",
+            hint=f"lower MAX_JOBS (it was {max_jobs}) in [builds.{req.dist}.env], or leave it "
+            "out to have it chosen from the memory model (`envbuild store plan` shows the "
+            "estimate and a safe value), or build on a bigger machine and `envbuild store "
+            "add-wheel` the result",
         )
     if arch := unsupported_arch(outcome):
         return BuildFailed(

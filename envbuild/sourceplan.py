@@ -25,6 +25,7 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from packaging.metadata import parse_email
 from packaging.requirements import InvalidRequirement, Requirement
@@ -45,16 +46,20 @@ from envbuild.sourcebuild import (
     EXTRA_REQUIRES,
     BuildResult,
     FileRef,
+    JobsPlan,
     SourceBuildRequest,
     TorchRef,
     add_wheel,
+    check_archs,
     check_wheel_file,
+    inputs_of,
+    plan_jobs,
 )
 from envbuild.sourcebuild import KIND as BUILD_KIND
 from envbuild.spec.knowledge import gpu as known_gpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.store import Store, derivation_key
-from envbuild.toolchain import requested_archs
+from envbuild.toolchain import Nvcc, requested_archs
 
 log = logging.getLogger("envbuild.sourceplan")
 
@@ -447,3 +452,125 @@ def stored_outputs(store: Store) -> list[StoredOutput]:
             )
         )
     return sorted(out, key=lambda o: (o.dist, o.kind, o.version, o.key))
+
+
+# --- what a build will cost, and whether it is needed -------------------------------------------
+
+
+class NvccFound(_Model):
+    """The nvcc a source build would run, and whether its CUDA is the spec's."""
+
+    path: str
+    version: str = Field(description="nvcc's full version, e.g. 13.0.88")
+    cuda: str = Field(description="its CUDA release, MAJOR.MINOR")
+    spec_cuda: str | None = Field(None, description="the spec's cuda.version")
+    warning: str | None = None
+
+
+class BuildCost(_Model):
+    """``envbuild store plan`` for one source build: its key, whether it must be built, the
+    toolchain it would use and the memory it will take."""
+
+    dist: str
+    version: str
+    key: str
+    state: Literal["cached", "remote", "build"] = Field(
+        description="cached: in this store; remote: in the remote cache; build: to be built"
+    )
+    builder: dict[str, str]
+    python: str
+    compilers: dict[str, str]
+    nvcc: NvccFound | None = None
+    memory: JobsPlan
+    warnings: list[str] = Field(default_factory=list)
+
+
+STATE_TEXT = {
+    "cached": "cached here",
+    "remote": "in the remote cache",
+    "build": "to be built",
+}
+
+
+def nvcc_found(nvcc: Nvcc, spec_cuda: str | None) -> NvccFound:
+    """``nvcc`` as the plan shows it; a warning when its CUDA release is not the spec's
+    ``cuda.version`` (the key names the nvcc that runs, so the wheel is not the one the spec's
+    toolkit would make)."""
+    warning = None
+    if spec_cuda and nvcc.release != ".".join(spec_cuda.split(".")[:2]):
+        warning = (
+            f"nvcc {nvcc.version} at {nvcc.path} is CUDA {nvcc.release}, but the spec's "
+            f"cuda.version is {spec_cuda}: the build runs with this nvcc (its version is in the "
+            f"key), not the spec's toolkit; point ENVBUILD_NVCC (or CUDA_HOME) at a CUDA "
+            f"{spec_cuda} nvcc, e.g. `pip install nvidia-cuda-nvcc=={spec_cuda}.*` with its "
+            "crt, nvvm, runtime and cccl wheels"
+        )
+    return NvccFound(
+        path=nvcc.path, version=nvcc.version, cuda=nvcc.release, spec_cuda=spec_cuda,
+        warning=warning,
+    )  # fmt: skip
+
+
+def state_of(store: Store, key: str) -> Literal["cached", "remote", "build"]:
+    if store.lookup(key) is not None:
+        return "cached"
+    return "remote" if store.available(key) else "build"
+
+
+def build_costs(
+    loaded: LoadedSpec,
+    lock: Lock,
+    store: Store,
+    builder: Builder,
+    *,
+    memory: int | None = None,
+    cores: int | None = None,
+    requires_of: RequiresOf | None = None,
+) -> list[BuildCost]:
+    """Each source build's key (as ``realize`` computes it: the build venv's locked pins, the
+    builder's toolchain), whether the store or its remote cache has it, the nvcc it would run
+    and MAX_JOBS with its memory estimate (:func:`envbuild.sourcebuild.plan_jobs`). Builds
+    nothing."""
+    spec_cuda = loaded.spec.cuda.version if loaded.spec.cuda else None
+    out = []
+    for req in build_requests(loaded, lock, requires_of=requires_of):
+        jobs = plan_jobs(req, memory=memory, cores=cores)
+        toolchain = builder.probe(cuda=req.needs_cuda)
+        check_archs(req, toolchain)
+        inputs = inputs_of(req, toolchain, builder)
+        key = derivation_key(BUILD_KIND, inputs)
+        nvcc = nvcc_found(toolchain.nvcc, spec_cuda) if toolchain.nvcc else None
+        warnings = [w for w in (nvcc.warning if nvcc else None, jobs.warning()) if w]
+        out.append(
+            BuildCost(
+                dist=req.dist,
+                version=req.version,
+                key=key,
+                state=state_of(store, key),
+                builder=builder.identity(),
+                python=toolchain.python,
+                compilers=toolchain.compilers,
+                nvcc=nvcc,
+                memory=jobs,
+                warnings=warnings,
+            )
+        )
+    return out
+
+
+def store_plan_for_spec(
+    spec: Path,
+    store: Store,
+    *,
+    builder: Callable[[LoadedSpec], Builder] | None = None,
+    memory: int | None = None,
+) -> tuple[list[PlannedDerivation], list[BuildCost]]:
+    """``envbuild store plan``: what the spec derives (:func:`describe`) and, for each source
+    build, what it will cost here (:func:`build_costs`, on ``builder(loaded)``, default this
+    host)."""
+    loaded, lock = _loaded_and_lock(spec)
+    planned = describe(loaded, lock)
+    if not loaded.spec.builds:
+        return planned, []
+    made = builder(loaded) if builder else HostBuilder(loaded.spec.python.version)
+    return planned, build_costs(loaded, lock, store, made, memory=memory)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +66,7 @@ class Nvcc:
     version: str  # 13.0.88
     sass: tuple[str, ...]  # sm_75 … as `nvcc --list-gpu-code` says
     ptx: tuple[str, ...]  # compute_75 …
+    home: str | None = None  # the toolkit nvcc says it runs from (None: from its path)
 
     @property
     def release(self) -> str:
@@ -73,12 +74,38 @@ class Nvcc:
 
     @property
     def cuda_home(self) -> str:
-        return str(Path(self.path).resolve().parent.parent)
+        return self.home or str(Path(self.path).resolve().parent.parent)
 
     def can_compile(self, arch: Arch, *, ptx: bool = False) -> bool:
         """Whether this toolkit can emit code for ``arch`` (an a/f variant needs its base arch)."""
         base = Arch(arch.major, arch.minor)
         return (base.ptx in self.ptx) if ptx else (base.sass in self.sass)
+
+
+#: What a toolkit made of NVIDIA's wheels needs beside nvcc to compile a torch extension, by
+#: the wheel that ships it: (path under CUDA_HOME, alternatives, wheel).
+_TOOLKIT_PARTS = (
+    ("nvvm/bin/cicc", (), "nvidia-nvvm"),
+    ("include/crt/host_config.h", ("bin/crt/host_config.h",), "nvidia-cuda-crt"),
+    ("include/cuda_runtime.h", (), "nvidia-cuda-runtime"),
+    # cuda_fp16.h includes <nv/target>: CCCL's, under include/cccl from CUDA 13 on
+    ("include/cccl/nv/target", ("include/nv/target",), "nvidia-cuda-cccl"),
+)
+
+
+def check_toolkit(nvcc: Nvcc) -> None:
+    """The toolkit around ``nvcc`` has what a CUDA extension build includes and runs (nvvm's
+    cicc, crt, the runtime headers, CCCL's ``nv/target``): a missing part is one clear
+    message naming the wheel that ships it, before a build starts, not a compile error an
+    hour in."""
+    home = Path(nvcc.cuda_home)
+    for path, alternatives, wheel in _TOOLKIT_PARTS:
+        if not any((home / p).is_file() for p in (path, *alternatives)):
+            raise ToolNotFound(
+                f"{path} of the CUDA toolkit at {home} (nvcc {nvcc.version})",
+                hint=f"it comes with NVIDIA's {wheel} wheel: install `{wheel}=={nvcc.release}.*` "
+                "beside nvcc (as scripts/test does), or use a whole toolkit (/usr/local/cuda)",
+            )
 
 
 _NVCC_VERSION = re.compile(r"\bV(\d+\.\d+\.\d+)")
@@ -89,7 +116,28 @@ def nvcc_info(path: str) -> Nvcc:
     version_out = proc.run([path, "--version"], tool="nvcc", env=env).stdout
     codes = proc.run([path, "--list-gpu-code"], tool="nvcc", env=env).stdout
     archs = proc.run([path, "--list-gpu-arch"], tool="nvcc", env=env).stdout
-    return parse_nvcc(path, version_out, codes, archs)
+    found = parse_nvcc(path, version_out, codes, archs)
+    return Nvcc(found.path, found.version, found.sass, found.ptx, toolkit_home(path))
+
+
+_HERE = re.compile(r"^#\$ _HERE_=(.+)$", re.MULTILINE)
+
+
+def toolkit_home(nvcc: str) -> str:
+    """The toolkit ``nvcc`` runs from, as nvcc itself says (``--dryrun`` prints its
+    ``_HERE_``, the folder of the real binary): an nvcc on PATH may be a wrapper script
+    (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in /usr/local/bin), whose own folder's parent
+    is no toolkit. Falls back to the resolved path's grandparent."""
+    done = proc.run(
+        [nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
+        tool="nvcc",
+        env=proc.child_env(),
+        check=False,
+    )
+    m = _HERE.search(done.stdout + done.stderr)
+    if m and Path(m.group(1).strip(), "nvcc").is_file():
+        return str(Path(m.group(1).strip()).resolve().parent)
+    return str(Path(nvcc).resolve().parent.parent)
 
 
 def parse_nvcc(path: str, version_out: str, codes: str, archs: str) -> Nvcc:
@@ -196,6 +244,43 @@ def available_memory_bytes() -> int:
     return avail
 
 
+_SIZE = re.compile(r"^\s*(\d{1,15}(?:\.\d{1,6})?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``12GiB``, ``12G`` or ``12GB`` (10^9), ``1500MB``, ``12000000000`` -> a positive number
+    of bytes; ValueError otherwise."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    power = "kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0
+    if m.group(3) and not power:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    value = int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive size")
+    return value
+
+
+def build_memory_budget(env: Mapping[str, str] | None = None) -> int:
+    """Memory a source build may use: :func:`available_memory_bytes`, capped by
+    ``$ENVBUILD_BUILD_MEMORY`` (``12GiB``) when set: on a machine shared with other work the
+    memory free now is not all the build's to take."""
+    env = os.environ if env is None else env
+    avail = available_memory_bytes()
+    if value := env.get("ENVBUILD_BUILD_MEMORY"):
+        from envbuild.errors import UsageError
+
+        try:
+            cap = parse_size(value)
+        except ValueError as exc:
+            raise UsageError(
+                f"ENVBUILD_BUILD_MEMORY: {exc}", hint="set it like ENVBUILD_BUILD_MEMORY=12GiB"
+            ) from None
+        return min(avail, cap) if avail else cap
+    return avail
+
+
 def cpu_count() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -204,11 +289,115 @@ def cpu_count() -> int:
 
 
 def choose_max_jobs(
-    nvcc_threads: int, *, memory: int | None = None, cores: int | None = None
+    nvcc_threads: int,
+    *,
+    memory: int | None = None,
+    cores: int | None = None,
+    per_job: JobMemory | None = None,
 ) -> int:
-    """Compile jobs that fit: ~9 GB per job at 4 nvcc threads (scaled by threads), at most one
+    """Compile jobs that fit: ``per_job`` (default :func:`job_memory` without a model: ~9 GB
+    per job at 4 nvcc threads) into ``memory`` (default: what is available now), at most one
     per core, at least one."""
     memory = available_memory_bytes() if memory is None else memory
     cores = cpu_count() if cores is None else cores
-    per_job = GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4
-    return max(1, min(cores, int(memory // per_job)))
+    return (per_job or job_memory(nvcc_threads, 0)).jobs_that_fit(memory, cores)
+
+
+# --- a CUDA_HOME for a build --------------------------------------------------------------------
+
+#: ``libcudart.so.13`` -> ``libcudart.so``: the dev link the linker's ``-lcudart`` looks for.
+_SONAME = re.compile(r"^(lib[^/]+\.so)\.\d+$")
+
+
+def assemble_cuda_home(toolkit: Path, site_packages: Sequence[Path], dest: Path) -> Path:
+    """A toolkit folder for one build, made of links: the nvcc toolkit's ``bin`` and ``nvvm``,
+    and ``include`` and ``lib64`` holding the toolkit's files and then those of the build venv's
+    NVIDIA wheels (``site-packages/nvidia/*/include|lib``: cuBLAS, cuSPARSE, cuSOLVER …, whose
+    headers torch's ``ATen/cuda`` headers include), the toolkit's winning a clash. NVIDIA's
+    wheels ship ``libcudart.so.13`` but not the ``libcudart.so`` that torch's ``-lcudart``
+    links against: each versioned library without one gets its unversioned link. A toolkit
+    that is already whole (``/usr/local/cuda``) gains only what it lacks."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for sub in ("bin", "nvvm"):
+        if (toolkit / sub).is_dir() and not (dest / sub).exists():
+            (dest / sub).symlink_to((toolkit / sub).resolve(), target_is_directory=True)
+    nvidia = [p / "nvidia" for p in site_packages]
+    roots = [toolkit, *sorted(d for n in nvidia if n.is_dir() for d in n.iterdir() if d.is_dir())]
+    for sub, dirs in (("include", ("include",)), ("lib64", ("lib64", "lib"))):
+        out = dest / sub
+        out.mkdir(exist_ok=True)
+        for root in roots:
+            for name in dirs:
+                folder = root / name
+                if not folder.is_dir():
+                    continue
+                for entry in sorted(folder.iterdir()):
+                    link = out / entry.name
+                    if not link.exists() and not link.is_symlink():
+                        link.symlink_to(entry.resolve())
+    lib = dest / "lib64"
+    for entry in sorted(lib.iterdir()):
+        m = _SONAME.match(entry.name)
+        if m and not (lib / m.group(1)).exists():
+            (lib / m.group(1)).symlink_to(entry.resolve())
+    return dest
+
+
+# --- memory per compile job ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What one compile job of a build needs, and where that figure comes from."""
+
+    per_job_bytes: int
+    source: str
+
+    def jobs_that_fit(self, memory: int, cores: int) -> int:
+        """Compile jobs that fit in ``memory``: at most one per core, at least one."""
+        return max(1, min(cores, memory // max(1, self.per_job_bytes)))
+
+
+def job_memory(
+    nvcc_threads: int, archs: int, *, gb_base: float | None = None, gb_per_arch: float | None = None
+) -> JobMemory:
+    """Peak memory of one compile job. nvcc's ``--threads T`` compiles min(T, archs) of a file's
+    archs at once, each its own cicc and ptxas, so a job needs ``gb_base + gb_per_arch *
+    min(T, archs)`` (a measured model from the knowledge base). Without one: flash-attn's own
+    rule, ~9 GB per job at 4 threads, scaled by threads."""
+    if gb_base is not None and gb_per_arch is not None:
+        at_once = max(1, min(max(1, nvcc_threads), max(1, archs)))
+        return JobMemory(
+            int((gb_base + gb_per_arch * at_once) * 1e9),
+            f"{gb_base:g} GB + {gb_per_arch:g} GB x {at_once} arch(s) at once "
+            f"(NVCC_THREADS={nvcc_threads}, {archs} arch(s))",
+        )
+    return JobMemory(
+        int(GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4),
+        f"flash-attn's estimate, ~{GB_PER_JOB_AT_4_THREADS:g} GB per job at 4 nvcc threads, "
+        f"scaled to {nvcc_threads}",
+    )
+
+
+def cuda_home_script(python: str, toolkit: str, dest: str) -> str:
+    """Shell lines that make :func:`assemble_cuda_home` of ``toolkit`` at ``dest`` with
+    ``python`` (a builder container's interpreter: the build venv's NVIDIA wheels are its
+    site-packages) and export it as ``CUDA_HOME``: the same function, run where the files are."""
+    import inspect
+    import shlex
+
+    code = (
+        "from __future__ import annotations\n"
+        "import re, sys, sysconfig\n"
+        "from pathlib import Path\n"
+        "from collections.abc import Sequence\n"
+        f"_SONAME = re.compile({_SONAME.pattern!r})\n"
+        + inspect.getsource(assemble_cuda_home)
+        + "assemble_cuda_home(Path(sys.argv[1]), [Path(sysconfig.get_paths()['purelib'])], "
+        "Path(sys.argv[2]))\n"
+    )
+    return (
+        f"{shlex.quote(python)} - {shlex.quote(toolkit)} {shlex.quote(dest)} <<'ENVBUILD_EOF'\n"
+        f"{code}ENVBUILD_EOF\n"
+        f"export CUDA_HOME={shlex.quote(dest)}\n"
+    )

@@ -9,8 +9,16 @@ from typing import Any
 
 from envbuild.build import BuilderOptions, source_builder
 from envbuild.cli import render
+from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.sourceplan import add_wheel_for_spec, plan_for_spec, stored_outputs
+from envbuild.sourceplan import (
+    STATE_TEXT,
+    add_wheel_for_spec,
+    state_of,
+    store_plan_for_spec,
+    stored_outputs,
+)
 from envbuild.store import Store, default_store
 
 
@@ -33,9 +41,24 @@ def register(sub: Any) -> None:
 
     plan = group.add_parser(
         "plan",
-        help="the spec's source builds (flags, sdist, target GPUs) and patches, before building",
+        help="what the spec's source builds and patches will cost, and whether they are needed",
+        description="For each source build and patch of SPEC: its flags and inputs, its key, "
+        "whether it is cached in the store, in the remote cache (--cache) or to be built; for "
+        "a source build also the toolchain (the nvcc it would run, warned about when its CUDA "
+        "is not the spec's cuda.version), MAX_JOBS and the estimated peak memory (warned about "
+        "when a pinned MAX_JOBS would not fit). Builds nothing.",
     )
     plan.add_argument("spec", metavar="SPEC", type=Path)
+    plan.add_argument(
+        "--builder",
+        choices=["host", "container"],
+        default="host",
+        help="the builder whose key and toolchain to show (container: the image's lower layers "
+        "are built first, or found in the store)",
+    )
+    _store_flag(plan)
+    add_cache_args(plan)
+    add_registry_args(plan)
     render.add_json_flag(plan)
     plan.set_defaults(func=_plan)
 
@@ -98,15 +121,42 @@ def _store(args: argparse.Namespace) -> Store:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    planned = plan_for_spec(args.spec)
+    store = _store(args)
+    if args.cache:
+        store = store_with_cache(store, args, endpoint_from_args(args))
+    options = BuilderOptions(mode=args.builder)
+    planned, costs = store_plan_for_spec(
+        args.spec, store, builder=lambda loaded: source_builder(loaded, store, options)
+    )
+    by_dist = {c.dist: c for c in costs}
+    rows: list[dict[str, Any]] = []
+    for p in planned:
+        row = p.model_dump(mode="json")
+        cost = by_dist.get(p.dist) if p.kind == "source-build" else None
+        if cost is not None:
+            row |= cost.model_dump(mode="json", exclude={"dist", "version"})
+        elif p.key:
+            row["state"] = state_of(store, p.key)
+        rows.append(row)
     if args.json:
-        render.emit_json([p.model_dump(mode="json") for p in planned])
-    elif not planned:
+        render.emit_json(rows)
+        return ExitCode.OK
+    if not planned:
         render.echo("no source builds and no patches")
-    for p in planned if not args.json else []:
+    for p, row in zip(planned, rows, strict=True):
         render.echo(f"{p.kind} {p.dist}: {p.summary}")
-        if p.key:
-            render.echo(f"  key {p.key}")
+        if row.get("key"):
+            render.echo(f"  key {row['key']}: {STATE_TEXT[row['state']]}")
+        cost = by_dist.get(p.dist) if p.kind == "source-build" else None
+        if cost is None:
+            continue
+        compilers = " ".join(f"{k} {v}" for k, v in sorted(cost.compilers.items()))
+        render.echo(f"  builder {cost.builder.get('mode')}: Python {cost.python}, {compilers}")
+        if cost.nvcc:
+            render.echo(f"  nvcc {cost.nvcc.path} (CUDA {cost.nvcc.cuda})")
+        render.echo(f"  memory: {cost.memory.render()}")
+        for w in cost.warnings:
+            render.problem_lines([f"warning: {w}"])
     return ExitCode.OK
 
 

@@ -131,6 +131,30 @@ class SourceBuildFact(Fact):
     int_env: list[str] = Field(default_factory=list)
 
 
+class SourcePatchFact(Fact):
+    """A patch envbuild applies to an sdist before building it, when the locked torch matches:
+    what the real build taught (a flag the package's setup.py hardcodes). The file lives in
+    ``envbuild/spec/source-patches/``; its sha256 is an input of the build's key."""
+
+    dist: str
+    versions: Specifier
+    torch: Specifier = Field(description="the locked torch versions that need it")
+    patch: str = Field(description="file name in envbuild/spec/source-patches/")
+    why: str
+
+
+class BuildMemory(Fact):
+    """Peak resident memory of one compile job of a source build (nvcc with its cicc, ptxas
+    and host compiler), as measured: ``gb_per_arch`` for each arch nvcc's threads work on at
+    once, plus ``gb_base``. With ``--threads T`` and A archs nvcc runs min(T, A) of them at a
+    time, so a job needs about ``gb_base + gb_per_arch * min(T, A)``."""
+
+    name: str
+    versions: Specifier
+    gb_base: float
+    gb_per_arch: float
+
+
 class TorchArchList(Fact):
     env: str
     format: str
@@ -159,6 +183,8 @@ class Knowledge(_Strict):
     vllm_kv_cache_dtypes: KvCacheDtypes
     debian: list[DebianSuite]
     source_builds: list[SourceBuildFact]
+    source_patches: list[SourcePatchFact] = Field(default_factory=list)
+    build_memory: list[BuildMemory] = Field(default_factory=list)
     torch_cuda_arch_list: TorchArchList
     secret_flags: list[SecretFlag]
 
@@ -375,6 +401,32 @@ def glibc_of_suite(suite: str) -> str | None:
     """The glibc version (``MAJOR.MINOR``) of a Debian suite."""
     fact = debian(suite)
     return fact.glibc if fact else None
+
+
+def source_patches(name: str, version: str, torch: str | None) -> list[SourcePatchFact]:
+    """The patches envbuild applies to ``name`` ``version``'s sdist when built against
+    ``torch`` (none without torch), in the knowledge base's order."""
+    from packaging.utils import canonicalize_name
+
+    if torch is None:
+        return []
+    return [
+        f
+        for f in knowledge().source_patches
+        if canonicalize_name(f.dist) == canonicalize_name(name)
+        and _in(f.versions, version)
+        and _in(f.torch, torch)
+    ]
+
+
+def build_memory(name: str, version: str) -> BuildMemory | None:
+    """The measured memory model of ``name`` ``version``'s compile jobs, when there is one."""
+    from packaging.utils import canonicalize_name
+
+    for fact in knowledge().build_memory:
+        if canonicalize_name(fact.name) == canonicalize_name(name) and _in(fact.versions, version):
+            return fact
+    return None
 
 
 def source_build(name: str, version: str) -> SourceBuildFact | None:

@@ -22,9 +22,12 @@ from envbuild.store import Store
 REPO = FIXTURES.parents[2]
 
 
-def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., object]) -> None:
+@pytest.mark.network  # the build venv's pins come from the locked wheels' METADATA (PyPI)
+def test_plan_shows_flash_attn_flags_and_the_vllm_patch(
+    cli: Callable[..., object], tmp_path: Path
+) -> None:
     spec = REPO / "specs" / "glm5-gguf.toml"
-    res = cli("store", "plan", spec)
+    res = cli("store", "plan", spec, "--store", tmp_path / "store")
     assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
     out = res.stdout  # type: ignore[attr-defined]
     assert (
@@ -34,8 +37,9 @@ def test_plan_shows_flash_attn_flags_and_the_vllm_patch(cli: Callable[..., objec
     ) in out
     assert "patch vllm: patch vllm-0.33.0-" in out
     assert "with specs/patches/vllm-glm-moe-dsa-fp8-kv-sm120.patch (sha256 " in out
-    data = cli("store", "plan", spec, "--json").json()  # type: ignore[attr-defined]
+    data = cli("store", "plan", spec, "--store", tmp_path / "store", "--json").json()  # type: ignore[attr-defined]
     build, patch = data
+    assert build["state"] == patch["state"] == "build"
     assert build["inputs"]["env"]["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
     assert build["inputs"]["torch"]["version"] and build["inputs"]["target_ccs"] == ["12.0"]
     assert patch["patched_version"].startswith("0.33.0+envbuild.")
@@ -149,3 +153,80 @@ def test_add_wheel_refuses_a_wheel_that_cannot_work(
     res = cli("store", "add-wheel", spec, "fixture-cext", good, "--store", store, "--json")
     assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
     assert res.json()["origin"] == "added"  # type: ignore[attr-defined]
+
+
+def _cuda_fixture(repo: Path, sdist: FileRef, python: str, env: dict[str, str]) -> Path:
+    """The cext-demo spec with build flags ``env`` and ``[cuda] version = "13.1"``, locked."""
+    flags = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    spec = write_cext_spec(repo, python, f'env = {{ {flags} }}\n[cuda]\nversion = "13.1"\n')
+    loaded = load_spec(spec)
+    lock = cext_lock(loaded, sdist, python=python, env=env)
+    path = lock_path(loaded)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(lock, spec_file="specs/cext-demo.toml"))
+    return spec
+
+
+def test_store_plan_says_what_a_build_costs_and_whether_it_is_needed(
+    cli: Callable[..., object],
+    repo: Path,
+    tmp_path: Path,
+    sdists: Callable[[str], FileRef],
+    python_version: str,
+    nvcc: str,
+) -> None:
+    env = {"FLASH_ATTN_CUDA_ARCHS": "120", "MAX_JOBS": "64", "NVCC_THREADS": "4"}
+    spec = _cuda_fixture(repo, sdists("cext"), python_version, env)
+    store = tmp_path / "store"
+    res = cli("store", "plan", spec, "--store", store, "--json")
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    (row,) = res.json()  # type: ignore[attr-defined]
+    assert row["kind"] == "source-build" and row["state"] == "build"
+    assert row["builder"] == {"mode": "host"} and row["python"].startswith(python_version)
+    found = row["nvcc"]
+    assert found["path"] == nvcc and found["version"] == row["compilers"]["nvcc"]
+    assert found["spec_cuda"] == "13.1"
+    if found["cuda"] != "13.1":  # this machine's test nvcc is 13.0.88
+        assert f"is CUDA {found['cuda']}, but the spec's cuda.version is 13.1" in found["warning"]
+        assert found["warning"] in row["warnings"]
+    memory = row["memory"]
+    assert (memory["max_jobs"], memory["pinned"], memory["nvcc_threads"]) == (64, True, 4)
+    assert memory["peak_bytes"] == 64 * memory["per_job_bytes"]
+    assert memory["fits"] == (memory["peak_bytes"] <= memory["memory_bytes"])
+    too_many = [w for w in row["warnings"] if "MAX_JOBS=64 x NVCC_THREADS=4 needs about" in w]
+    assert len(too_many) == (0 if memory["fits"] else 1)
+    if too_many:
+        assert f"a safe value here is MAX_JOBS={memory['safe_max_jobs']}" in too_many[0]
+
+    text = cli("store", "plan", spec, "--store", store)
+    out, err = text.stdout, text.stderr  # type: ignore[attr-defined]
+    assert f"  key {row['key']}: to be built" in out
+    assert f"  nvcc {nvcc} (CUDA {found['cuda']})" in out
+    assert "  memory: MAX_JOBS=64 (pinned by the spec) x NVCC_THREADS=4: about " in out
+    assert all(f"warning: {w}" in err for w in row["warnings"])
+
+    # a wheel built elsewhere, added under the key a build here has: the plan says cached
+    wheel = make_wheel(tmp_path / "w", "fixture-cext", "1.0.0", {"fixture_cext/__init__.py": ""})
+    res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store, "--json")
+    assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+    assert res.json()["key"] == row["key"]  # type: ignore[attr-defined]
+    (again,) = cli("store", "plan", spec, "--store", store, "--json").json()  # type: ignore[attr-defined]
+    assert again["state"] == "cached" and again["key"] == row["key"]
+    # MAX_JOBS is not keyed: unpinned, the same derivation is cached; MAX_JOBS is chosen
+    spec = _cuda_fixture(repo, sdists("cext"), python_version, {"FLASH_ATTN_CUDA_ARCHS": "120"})
+    (free,) = cli("store", "plan", spec, "--store", store, "--json").json()  # type: ignore[attr-defined]
+    assert free["key"] == row["key"] and free["state"] == "cached"
+    assert not free["memory"]["pinned"] and free["memory"]["fits"]
+    assert free["memory"]["max_jobs"] == free["memory"]["safe_max_jobs"]
+
+
+def test_state_of_asks_the_remote_cache_after_the_store(tmp_path: Path) -> None:
+    from envbuild.sourceplan import state_of
+
+    class Remote(Store):
+        def available(self, key: str) -> bool:
+            return key == "in-the-cache" or super().available(key)
+
+    store = Remote(tmp_path / "store")
+    assert state_of(store, "in-the-cache") == "remote"
+    assert state_of(store, "nowhere") == "build"
