@@ -35,7 +35,7 @@ from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
 from envbuild.snapshot import records
 from envbuild.snapshot.hashing import hash_one, stat_one
-from envbuild.snapshot.model import AddedFile, Distribution, PythonEnv
+from envbuild.snapshot.model import AddedFile, Distribution, FileModes, PythonEnv
 from envbuild.snapshot.records import Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
@@ -248,6 +248,7 @@ def _unrecorded(
                     folder_owners=sorted({dists[n].name for n in who}) if owner is None else [],
                     size=fh.size,
                     sha256=fh.digest.hex() if fh.digest is not None else None,
+                    mode=_octal(fh.mode) if fh.error is None else None,
                 )
             )
     return sorted(unowned), sorted(added, key=lambda a: a.path)
@@ -368,4 +369,28 @@ def _to_model(d: Dist) -> Distribution:
         modified=sorted(d.modified, key=lambda m: m.path),
         missing=sorted(d.missing),
         unrecorded=sorted(d.unrecorded),
+        modes=_modes(d),
     )
+
+
+def _octal(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+def _modes(d: Dist) -> FileModes | None:
+    """The files' modes as the manifest keeps them: the most common one (a tie: the lowest, so
+    that two looks at one environment agree), and the files with another."""
+    if not d.modes:
+        return None
+    usual = max(d.modes, key=lambda mode: (len(d.modes[mode]), -mode))
+    inside = d.site + os.sep
+
+    def shown(path: str) -> str:
+        return path[len(inside) :] if path.startswith(inside) else os.path.relpath(path, d.site)
+
+    other = {
+        _octal(mode): sorted({shown(p) for p in paths})
+        for mode, paths in sorted(d.modes.items())
+        if mode != usual
+    }
+    return FileModes(usual=_octal(usual), other=other)

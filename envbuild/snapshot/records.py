@@ -18,6 +18,7 @@ import csv
 import io
 import os
 import re
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -63,6 +64,7 @@ class Dist:
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
+    modes: dict[int, list[str]] = field(default_factory=dict)  # mode -> absolute paths found
 
     @property
     def cuttable(self) -> bool:
@@ -225,6 +227,7 @@ class Checked(NamedTuple):
     missing: list[tuple[str, str]]  # (absolute path, as shown)
     unreadable: list[tuple[str, str]]  # (absolute path, why)
     unsure: list[str]  # found, but their line vouches for nothing (no hash, or no size)
+    modes: bytes  # each entry's permission bits (array "H", in RECORD order; 0: not found)
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -254,7 +257,8 @@ def check_job(
     missing: list[tuple[str, str]] = []
     unreadable: list[tuple[str, str]] = []
     unsure: list[str] = []
-    for e in entries:
+    modes = array("H", bytes(2 * len(entries)))
+    for number, e in enumerate(entries):
         fh = hash_one(e.abs, buffer) if full else stat_one(e.abs)
         if (
             not full
@@ -274,6 +278,7 @@ def check_job(
                 missing.append((e.abs, e.shown))
             continue
         size += fh.size
+        modes[number] = fh.mode
         if e.size is not None and fh.size != e.size:  # first: what both checks see alike
             reason = "size"
         elif fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
@@ -290,7 +295,7 @@ def check_job(
         )  # fmt: skip
     return Checked(
         job.dist, "\0".join(e.abs for e in entries), _folders(entries, dist.site), len(entries),
-        size, modified, missing, unreadable, unsure,
+        size, modified, missing, unreadable, unsure, modes.tobytes(),
     )  # fmt: skip
 
 
@@ -347,7 +352,11 @@ def merge(dists: Sequence[Dist], checked: Sequence[Checked]) -> Merged:
     folder_owners: dict[str, set[int]] = {}
     for c in checked:
         number = c.dist
-        for path in c.paths.split("\0") if c.paths else ():
+        by_mode = dists[number].modes
+        modes = array("H", c.modes)
+        for i, path in enumerate(c.paths.split("\0") if c.paths else ()):
+            if modes[i]:
+                by_mode.setdefault(modes[i], []).append(path)
             owner = first.setdefault(path, number)
             if owner != number:
                 who = shared.setdefault(path, [owner])
