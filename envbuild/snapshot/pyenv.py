@@ -24,6 +24,7 @@ import logging
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from email.parser import HeaderParser
@@ -379,18 +380,23 @@ def _octal(mode: int) -> str:
 
 def _modes(d: Dist) -> FileModes | None:
     """The files' modes as the manifest keeps them: the most common one (a tie: the lowest, so
-    that two looks at one environment agree), and the files with another."""
-    if not d.modes:
+    that two looks at one environment agree), and the files with another. Counted per job in C
+    (``Counter`` of an array): most jobs hold one mode only, and their paths are never looked at."""
+    counts: Counter[int] = Counter()
+    for _, modes in d.modes:
+        counts.update(modes)
+    counts.pop(0, None)  # not found
+    if not counts:
         return None
-    usual = max(d.modes, key=lambda mode: (len(d.modes[mode]), -mode))
+    usual = max(counts, key=lambda mode: (counts[mode], -mode))
     inside = d.site + os.sep
-
-    def shown(path: str) -> str:
-        return path[len(inside) :] if path.startswith(inside) else os.path.relpath(path, d.site)
-
-    other = {
-        _octal(mode): sorted({shown(p) for p in paths})
-        for mode, paths in sorted(d.modes.items())
-        if mode != usual
-    }
+    found: dict[int, set[str]] = {}
+    for paths, modes in d.modes:
+        if modes.count(usual) + modes.count(0) == len(modes):
+            continue
+        for path, mode in zip(paths, modes, strict=True):
+            if mode and mode != usual:
+                rel = path[len(inside) :] if path.startswith(inside) else None
+                found.setdefault(mode, set()).add(rel or os.path.relpath(path, d.site))
+    other = {_octal(mode): sorted(found[mode]) for mode in sorted(found)}
     return FileModes(usual=_octal(usual), other=other)

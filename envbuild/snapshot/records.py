@@ -64,7 +64,8 @@ class Dist:
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
-    modes: dict[int, list[str]] = field(default_factory=dict)  # mode -> absolute paths found
+    #: each checked job's absolute paths and their modes (array "H"; 0: not found)
+    modes: list[tuple[list[str], array[int]]] = field(default_factory=list)
 
     @property
     def cuttable(self) -> bool:
@@ -352,11 +353,9 @@ def merge(dists: Sequence[Dist], checked: Sequence[Checked]) -> Merged:
     folder_owners: dict[str, set[int]] = {}
     for c in checked:
         number = c.dist
-        by_mode = dists[number].modes
-        modes = array("H", c.modes)
-        for i, path in enumerate(c.paths.split("\0") if c.paths else ()):
-            if modes[i]:
-                by_mode.setdefault(modes[i], []).append(path)
+        paths = c.paths.split("\0") if c.paths else []
+        dists[number].modes.append((paths, array("H", c.modes)))
+        for path in paths:
             owner = first.setdefault(path, number)
             if owner != number:
                 who = shared.setdefault(path, [owner])
