@@ -37,7 +37,7 @@ from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, User
 from envbuild.snapshot import records
 from envbuild.snapshot.hashing import hash_one, stat_one
 from envbuild.snapshot.model import AddedFile, Distribution, FileModes, PythonEnv
-from envbuild.snapshot.records import Dist, Merged, Mode
+from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
 
@@ -398,5 +398,5 @@ def _modes(d: Dist) -> FileModes | None:
             if mode and mode != usual:
                 rel = path[len(inside) :] if path.startswith(inside) else None
                 found.setdefault(mode, set()).add(rel or os.path.relpath(path, d.site))
-    other = {_octal(mode): sorted(found[mode]) for mode in sorted(found)}
-    return FileModes(usual=_octal(usual), other=other)
+    other = {_octal(mode & ~FOUND): sorted(found[mode]) for mode in sorted(found)}
+    return FileModes(usual=_octal(usual & ~FOUND), other=other)

@@ -35,6 +35,9 @@ CHUNK_CHARS = 64 << 10
 #: orders chunks among the big files.
 FILE_COST = 32 << 10
 
+#: Set in a checked file's mode in :class:`Checked` (a file of mode 0000 is found too).
+FOUND = 0o10000
+
 _BIG_TAIL = re.compile(r",(\d{7,})$", re.M | re.A)  # a line whose size field has 7+ digits
 
 
@@ -64,7 +67,7 @@ class Dist:
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
-    #: each checked job's absolute paths and their modes (array "H"; 0: not found)
+    #: each checked job's absolute paths and their modes (array "H": mode | FOUND; 0: not found)
     modes: list[tuple[list[str], array[int]]] = field(default_factory=list)
 
     @property
@@ -228,7 +231,7 @@ class Checked(NamedTuple):
     missing: list[tuple[str, str]]  # (absolute path, as shown)
     unreadable: list[tuple[str, str]]  # (absolute path, why)
     unsure: list[str]  # found, but their line vouches for nothing (no hash, or no size)
-    modes: bytes  # each entry's permission bits (array "H", in RECORD order; 0: not found)
+    modes: bytes  # each entry's permission bits | FOUND (array "H", in RECORD order; 0: not found)
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -279,7 +282,7 @@ def check_job(
                 missing.append((e.abs, e.shown))
             continue
         size += fh.size
-        modes[number] = fh.mode
+        modes[number] = fh.mode | FOUND
         if e.size is not None and fh.size != e.size:  # first: what both checks see alike
             reason = "size"
         elif fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:

@@ -119,3 +119,14 @@ def test_a_hand_edited_mode_is_a_clear_error(venv: Path, bad: str) -> None:
     alpha["modes"] = {"usual": bad, "other": {}}
     with pytest.raises(ManifestError, match="invalid snapshot"):
         parse_snapshot(data, "snap.json")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a file of mode 0000 is unreadable but to root")
+def test_a_file_made_mode_0000_is_named(venv: Path, tmp_path: Path) -> None:
+    manifest = write(take(venv, "quick"), tmp_path / "snap.json")
+    init = site_packages(venv) / "alpha" / "__init__.py"
+    before = umasked(init.stat().st_mode)
+    init.chmod(0)
+    assert dist(take(venv, "full"), "alpha").modes.other == {"0000": ["alpha/__init__.py"]}
+    lines = lines_of(manifest, "quick")
+    assert f"  alpha/__init__.py (alpha): mode {before} → mode 0000" in lines, lines
