@@ -406,7 +406,7 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
         added |= {p: AddedFile(path=p, distribution=None, size=0, sha256=None) for p in env.unowned}
     for a in added.values():
         data = {"status": "added", "size": a.size if env.added is not None else None,
-                "sha256": a.sha256}  # fmt: skip
+                "sha256": a.sha256, "mode": a.mode}  # fmt: skip
         if a.distribution is not None:
             subject, text = f"{a.path} ({a.distribution})", "added (not in its RECORD)"
         elif a.folder_owners:
@@ -421,10 +421,12 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
             Fact(
                 text,
                 digest=a.sha256,
+                detail=None if a.mode is None else f"mode {a.mode}",  # a chmod of it is named
                 item=item(a.path, a.distribution, folder_owners=a.folder_owners),
                 data=data,
             ),
         )
+    _mode_facts(side, key, env)
     if env.patches is not None:  # None: taken by an envbuild that did not record patches
         _patch_group(side, key, f"patches ({env.requested})")
         for name, rec in env.patches.items():
@@ -452,6 +454,78 @@ def _env_facts(side: Side, key: str, env: PythonEnv) -> None:
                 f"{f.file.removeprefix(env.prefix + '/')} ({f.distribution or 'no distribution'})",
                 Fact(f"needs {what}{more} ({f.cause}{note})", detail=" ".join(f.missing)),
             )
+
+
+MODES = "modes "
+
+
+def _mode_facts(side: Side, key: str, env: PythonEnv) -> None:
+    """Each distribution's usual file mode (subject: its name) and each file with another mode
+    (subject: path and distribution); :func:`_mode_changes` compares them. Distributions of an
+    older snapshot have no modes: none are put, and none are compared."""
+    title = f"files whose mode changed ({env.requested})"
+    for d in env.distributions:
+        if d.modes is None:
+            continue
+        side.put(MODES + key, title, d.name, Fact(d.modes.usual, item={"distribution": d.name}))
+        for mode, paths in d.modes.other.items():
+            for path in paths:
+                item = {"kind": "file", "environment": key, "path": path, "distribution": d.name}
+                side.put(MODES + key, title, f"{path} ({d.name})", Fact(mode, item=item))
+
+
+def _mode_changes(
+    group: Group, env: str, facts_a: dict[str, Fact], facts_b: dict[str, Fact], skip: set[str]
+) -> None:
+    """The files whose mode differs between the sides. A file neither side names has its
+    distribution's usual mode on both; one side names it: the other's usual mode is its mode.
+    Files missing or unrecorded on either side (``skip``, their paths) are not compared: a
+    table names only the listed files found. Should the usual mode itself change (most of a
+    distribution's files chmodded), the files no side names changed too: one change says so."""
+    usual_a = {s: f.text for s, f in facts_a.items() if "path" not in (f.item or {})}
+    usual_b = {s: f.text for s, f in facts_b.items() if "path" not in (f.item or {})}
+    both = usual_a.keys() & usual_b.keys()
+    for name in sorted(both):
+        if usual_a[name] != usual_b[name]:
+            group.changes.append(
+                Change(
+                    f"the other files of {name}",
+                    f"mode {usual_a[name]}",
+                    f"mode {usual_b[name]}",
+                    item={"kind": "file modes", "environment": env, "distribution": name},
+                    before_fields={"status": "mode", "mode": usual_a[name]},
+                    after_fields={"status": "mode changed", "mode": usual_b[name]},
+                )
+            )
+    for subject in sorted((facts_a.keys() | facts_b.keys()) - usual_a.keys() - usual_b.keys()):
+        fa, fb = facts_a.get(subject), facts_b.get(subject)
+        item = (fa or fb).item or {}  # type: ignore[union-attr]  # one side has it
+        dist = str(item.get("distribution"))
+        if dist not in both or item.get("path") in skip:
+            continue
+        before = fa.text if fa is not None else usual_a[dist]
+        after = fb.text if fb is not None else usual_b[dist]
+        if before != after:
+            group.changes.append(
+                Change(
+                    subject,
+                    f"mode {before}",
+                    f"mode {after}",
+                    item=item,
+                    before_fields={"status": "mode", "mode": before},
+                    after_fields={"status": "mode changed", "mode": after},
+                )
+            )
+
+
+def _not_on_both(*groups: dict[str, Fact]) -> set[str]:
+    """The paths of files a files group names as missing or added."""
+    return {
+        str(f.item["path"])
+        for facts in groups
+        for f in facts.values()
+        if f.item and "path" in f.item and (f.data or {}).get("status") in ("missing", "added")
+    }
 
 
 # --- patches ---------------------------------------------------------------------------------
@@ -594,7 +668,7 @@ def _pair_envs(a: Side, b: Side) -> list[str]:
     """Python environments are matched by the path asked for; when exactly one environment on
     each side is left unmatched (two machines, or a snapshot and a build manifest), they pair,
     and the note returned says so."""
-    prefixes = ("packages ", "patches ", "files ", "overlaps ", "links ")
+    prefixes = ("packages ", "patches ", "files ", MODES, "overlaps ", "links ")
     a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
     b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
     only_a, only_b = a_envs - b_envs, b_envs - a_envs
@@ -639,7 +713,7 @@ def compare(a: Side, b: Side) -> DiffResult:
                 envs.changes.append(Change(env, before, after))
             elif key.startswith("patches ") and f"packages {key[8:]}" not in missing.groups:
                 pass  # the whole environment is missing: shown under environments
-            elif key.startswith("links ") and f"packages {key[6:]}" not in missing.groups:
+            elif key.startswith(("links ", MODES)) and f"packages {key[6:]}" not in missing.groups:
                 pass
             elif not key.startswith(("files ", "overlaps ")):
                 skipped.setdefault(f"not recorded in {missing.label}", []).append(title)
@@ -647,6 +721,12 @@ def compare(a: Side, b: Side) -> DiffResult:
         title, counts, facts_a = a.groups[key]
         facts_b = b.groups[key][2]
         group = Group(key, title, counts)
+        result.groups.append(group)
+        if key.startswith(MODES):
+            env = key.removeprefix(MODES)
+            files = [side.groups.get(f"files {env}", ("", True, {}))[2] for side in (a, b)]
+            _mode_changes(group, env, facts_a, facts_b, _not_on_both(*files))
+            continue
         for subject in sorted(set(facts_a) | set(facts_b)):
             fa, fb = facts_a.get(subject), facts_b.get(subject)
             if fa == fb or (key in ("refs", GPU_CONFIG[0]) and None in (fa, fb)):
@@ -656,6 +736,8 @@ def compare(a: Side, b: Side) -> DiffResult:
                     # the same finding, other bytes: a second edit of a drifted file
                     before = f"{fa.text}, sha256 {fa.digest[:12]}"
                     after = f"{fb.text}, sha256 {fb.digest[:12]}"
+                    if fa.detail and fb.detail and fa.detail != fb.detail:  # e.g. its mode
+                        before, after = f"{before}, {fa.detail}", f"{after}, {fb.detail}"
                 elif None in (fa.detail, fb.detail) or fa.detail == fb.detail:
                     continue  # only the size moved: not a change of what is there
                 else:
@@ -686,7 +768,6 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after_fields=fb.data if fb is not None else None,
                 )
             )
-        result.groups.append(group)
     result.groups.sort(key=lambda g: _group_order(g.key))
     result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
     return result
@@ -700,6 +781,7 @@ _ORDER = (
     "packages",
     "patches",
     "files",
+    "modes",
     "overlaps",
     "links",
     "containers",

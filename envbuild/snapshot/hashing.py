@@ -55,6 +55,7 @@ class FileHash(NamedTuple):
     error: str | None = None
     missing: bool = False  # the error is that the path does not exist
     mtime_ns: int = 0
+    mode: int = 0  # the permission bits (stat.S_IMODE); 0 when it could not be looked at
 
 
 def failed(path: str, exc: OSError, size: int = 0) -> FileHash:
@@ -70,7 +71,7 @@ def stat_one(path: str) -> FileHash:
         return failed(path, exc)
     if not stat.S_ISREG(st.st_mode):
         return FileHash(path, st.st_size, None, "not a regular file")
-    return FileHash(path, st.st_size, None, mtime_ns=st.st_mtime_ns)
+    return FileHash(path, st.st_size, None, mtime_ns=st.st_mtime_ns, mode=stat.S_IMODE(st.st_mode))
 
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO never waits
@@ -107,7 +108,7 @@ def hash_one(path: str, buffer: bytearray | None = None) -> FileHash:
         return failed(path, exc)
     finally:
         os.close(fd)
-    return FileHash(path, size, digest, None, False, st.st_mtime_ns)
+    return FileHash(path, size, digest, None, False, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
 
 
 def _batches(items: Sequence[tuple[str, int]]) -> list[list[str]]:

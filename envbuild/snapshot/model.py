@@ -27,6 +27,8 @@ class _Strict(BaseModel):
 
 
 Bytes = Annotated[int, Field(ge=0)]
+#: Permission bits as octal text, four digits (``stat.S_IMODE``): 0644, 0755, 4755.
+FileMode = Annotated[str, Field(pattern=r"^[0-7]{4}$")]
 
 
 # --- host ------------------------------------------------------------------------------------
@@ -198,6 +200,22 @@ class AddedFile(_Strict):
     )
     size: Bytes
     sha256: str | None = Field(description="hex sha256 (None: too big for a quick check)")
+    mode: FileMode | None = Field(
+        default=None, description="its permission bits (None: an older snapshot)"
+    )
+
+
+class FileModes(_Strict):
+    """The permission bits of a distribution's files as found (RECORD has none): the mode most
+    of them have, and each file with another mode, so that a chmod since the snapshot is named
+    while the manifest stays small (most distributions: one mode, or two with their .so files
+    or scripts)."""
+
+    usual: FileMode = Field(description="the mode of most files (a tie: the lowest)")
+    other: dict[FileMode, list[str]] = Field(
+        default_factory=dict,
+        description="mode -> the files with that mode, relative to site-packages, sorted",
+    )
 
 
 class Distribution(_Strict):
@@ -211,6 +229,11 @@ class Distribution(_Strict):
     modified: list[ModifiedFile] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
     unrecorded: list[str] = Field(default_factory=list)
+    modes: FileModes | None = Field(
+        default=None,
+        description="the permission bits of the listed files found (None: an older snapshot, "
+        "or no file found; no mode drift is reported for it)",
+    )
 
 
 class Overlap(_Strict):
@@ -421,7 +444,8 @@ REDACTED = "***"
 
 def _from_1(data: dict[str, Any]) -> dict[str, Any]:
     """Version 2 added facts (GPU configuration and state, reserved GPU memory, the digests of
-    drifted files); a version-1 manifest has none of them, which version 2 reads as unknown."""
+    drifted files, file modes); a version-1 manifest has none of them, which version 2 reads as
+    unknown."""
     return {**data, "schema_version": 2}
 
 

@@ -24,6 +24,7 @@ import logging
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from email.parser import HeaderParser
@@ -35,8 +36,8 @@ from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
 from envbuild.snapshot import records
 from envbuild.snapshot.hashing import hash_one, stat_one
-from envbuild.snapshot.model import AddedFile, Distribution, PythonEnv
-from envbuild.snapshot.records import Dist, Merged, Mode
+from envbuild.snapshot.model import AddedFile, Distribution, FileModes, PythonEnv
+from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")
 
@@ -248,6 +249,7 @@ def _unrecorded(
                     folder_owners=sorted({dists[n].name for n in who}) if owner is None else [],
                     size=fh.size,
                     sha256=fh.digest.hex() if fh.digest is not None else None,
+                    mode=_octal(fh.mode) if fh.error is None else None,
                 )
             )
     return sorted(unowned), sorted(added, key=lambda a: a.path)
@@ -368,4 +370,33 @@ def _to_model(d: Dist) -> Distribution:
         modified=sorted(d.modified, key=lambda m: m.path),
         missing=sorted(d.missing),
         unrecorded=sorted(d.unrecorded),
+        modes=_modes(d),
     )
+
+
+def _octal(mode: int) -> str:
+    return f"{mode:04o}"
+
+
+def _modes(d: Dist) -> FileModes | None:
+    """The files' modes as the manifest keeps them: the most common one (a tie: the lowest, so
+    that two looks at one environment agree), and the files with another. Counted per job in C
+    (``Counter`` of an array): most jobs hold one mode only, and their paths are never looked at."""
+    counts: Counter[int] = Counter()
+    for _, modes in d.modes:
+        counts.update(modes)
+    counts.pop(0, None)  # not found
+    if not counts:
+        return None
+    usual = max(counts, key=lambda mode: (counts[mode], -mode))
+    inside = d.site + os.sep
+    found: dict[int, set[str]] = {}
+    for paths, modes in d.modes:
+        if modes.count(usual) + modes.count(0) == len(modes):
+            continue
+        for path, mode in zip(paths, modes, strict=True):
+            if mode and mode != usual:
+                rel = path[len(inside) :] if path.startswith(inside) else None
+                found.setdefault(mode, set()).add(rel or os.path.relpath(path, d.site))
+    other = {_octal(mode & ~FOUND): sorted(found[mode]) for mode in sorted(found)}
+    return FileModes(usual=_octal(usual & ~FOUND), other=other)

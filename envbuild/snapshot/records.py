@@ -18,6 +18,7 @@ import csv
 import io
 import os
 import re
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -33,6 +34,9 @@ CHUNK_CHARS = 64 << 10
 #: What looking at one small file costs, in bytes of sha256 (open, read, close: ~25 µs); it
 #: orders chunks among the big files.
 FILE_COST = 32 << 10
+
+#: Set in a checked file's mode in :class:`Checked` (a file of mode 0000 is found too).
+FOUND = 0o10000
 
 _BIG_TAIL = re.compile(r",(\d{7,})$", re.M | re.A)  # a line whose size field has 7+ digits
 
@@ -63,6 +67,8 @@ class Dist:
     missing: list[str] = field(default_factory=list)
     unrecorded: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # metadata: (path, why)
+    #: each checked job's absolute paths and their modes (array "H": mode | FOUND; 0: not found)
+    modes: list[tuple[list[str], array[int]]] = field(default_factory=list)
 
     @property
     def cuttable(self) -> bool:
@@ -225,6 +231,7 @@ class Checked(NamedTuple):
     missing: list[tuple[str, str]]  # (absolute path, as shown)
     unreadable: list[tuple[str, str]]  # (absolute path, why)
     unsure: list[str]  # found, but their line vouches for nothing (no hash, or no size)
+    modes: bytes  # each entry's permission bits | FOUND (array "H", in RECORD order; 0: not found)
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -254,7 +261,8 @@ def check_job(
     missing: list[tuple[str, str]] = []
     unreadable: list[tuple[str, str]] = []
     unsure: list[str] = []
-    for e in entries:
+    modes = array("H", bytes(2 * len(entries)))
+    for number, e in enumerate(entries):
         fh = hash_one(e.abs, buffer) if full else stat_one(e.abs)
         if (
             not full
@@ -274,6 +282,7 @@ def check_job(
                 missing.append((e.abs, e.shown))
             continue
         size += fh.size
+        modes[number] = fh.mode | FOUND
         if e.size is not None and fh.size != e.size:  # first: what both checks see alike
             reason = "size"
         elif fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
@@ -290,7 +299,7 @@ def check_job(
         )  # fmt: skip
     return Checked(
         job.dist, "\0".join(e.abs for e in entries), _folders(entries, dist.site), len(entries),
-        size, modified, missing, unreadable, unsure,
+        size, modified, missing, unreadable, unsure, modes.tobytes(),
     )  # fmt: skip
 
 
@@ -347,7 +356,9 @@ def merge(dists: Sequence[Dist], checked: Sequence[Checked]) -> Merged:
     folder_owners: dict[str, set[int]] = {}
     for c in checked:
         number = c.dist
-        for path in c.paths.split("\0") if c.paths else ():
+        paths = c.paths.split("\0") if c.paths else []
+        dists[number].modes.append((paths, array("H", c.modes)))
+        for path in paths:
             owner = first.setdefault(path, number)
             if owner != number:
                 who = shared.setdefault(path, [owner])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -258,5 +259,6 @@ def test_stray_files_are_named_with_the_distributions_sharing_their_folder(
     assert stray["item"]["distribution"] is None
     assert stray["before_fields"] is None
     assert stray["after_fields"] == {
-        "status": "added", "size": 6, "sha256": hashlib.sha256(b"x = 1\n").hexdigest()
+        "status": "added", "size": 6, "sha256": hashlib.sha256(b"x = 1\n").hexdigest(),
+        "mode": f"{stat.S_IMODE((sp / 'shared' / 'stray.py').stat().st_mode):04o}",
     }  # fmt: skip

@@ -1,11 +1,10 @@
 """Property tests of the promise that drift stays visible: a generated sequence of edits
-(append, same-size rewrite, delete, add, a RECORD rewritten to hide an edit), some made before the
-snapshot and some after, on a real venv; every file whose bytes changed after the snapshot is
-named by verify and by diff, in every pair of check modes, and with no edit after the snapshot
-both say nothing changed (snapshots of one unchanged venv never differ). A second edit of a file
-that had already drifted when the snapshot was taken (the stale patch) is the case this guards.
-
-File modes are not part of a snapshot (RECORD records none), so chmod is not among the edits."""
+(append, same-size rewrite, delete, add, chmod, a RECORD rewritten to hide an edit), some made
+before the snapshot and some after, on a real venv; every file whose bytes or mode changed after
+the snapshot is named by verify and by diff, in every pair of check modes, and with no edit after
+the snapshot both say nothing changed (snapshots of one unchanged venv never differ). A second
+edit of a file that had already drifted when the snapshot was taken (the stale patch, or a chmod
+of an edited file) is the case this guards. RECORD has no modes: the snapshot records them."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import base64
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,9 @@ TARGETS = [
     "alpha/models/extra.py",  # not in any RECORD: an added file in alpha's folder
     "stray.py",  # in site-packages itself: no distribution's folder
 ]
-OPS = ["append", "same-size", "delete", "record"]
+OPS = ["append", "same-size", "delete", "record", "chmod"]
+#: What a chmod edit sets: made executable, the x bits dropped, made world-writable, setuid.
+CHMODS = [0o755, 0o644, 0o666, 0o600, 0o4755]
 edits = st.lists(st.tuples(st.sampled_from(OPS), st.sampled_from(TARGETS), st.integers(1, 255)),
                  max_size=4)  # fmt: skip
 modes = st.sampled_from(["full", "quick"])
@@ -55,6 +57,8 @@ def apply(site: Path, op: str, target: str, n: int) -> None:
             path.write_bytes(bytes([(data[0] + n) % 256 or 1]) + data[1:])
     elif op == "delete" and path.exists():
         path.unlink()
+    elif op == "chmod" and path.exists():
+        path.chmod(CHMODS[n % len(CHMODS)])
     if path.exists():
         later(path)
 
@@ -76,8 +80,11 @@ def _rerecord(site: Path, dist: str) -> None:
     later(record)
 
 
-def state(site: Path) -> dict[str, bytes | None]:
-    files = {t: (site / t).read_bytes() if (site / t).exists() else None for t in TARGETS}
+def state(site: Path) -> dict[str, tuple[bytes, int] | bytes | None]:
+    files: dict[str, tuple[bytes, int] | bytes | None] = {
+        t: ((site / t).read_bytes(), (site / t).stat().st_mode) if (site / t).exists() else None
+        for t in TARGETS
+    }
     [info] = site.glob("alpha-*.dist-info")
     files["RECORD"] = (info / "RECORD").read_bytes()
     return files
@@ -90,18 +97,20 @@ def take(venv: Path, mode: str) -> Any:
     )  # fmt: skip
 
 
-def named(
-    lines: list[str], before: dict[str, bytes | None], after: dict[str, bytes | None]
-) -> None:
+def named(lines: list[str], before: dict[str, Any], after: dict[str, Any]) -> None:
     """Each changed file is named, but one whose edit a rewritten RECORD now matches: the
     snapshot holds the RECORD's digest, not its lines, so that edit is named as alpha's RECORD
-    changing."""
+    changing. A file whose mode alone changed is named with both modes, whatever RECORD says."""
     text = "\n".join(lines)
     rerecorded = before["RECORD"] != after["RECORD"]
     if rerecorded:
         assert any(line.startswith("  alpha: ") and "RECORD" in line for line in lines), text
     for target in TARGETS:
-        if before[target] != after[target] and not (rerecorded and _alphas(target)):
+        was, now = before[target], after[target]
+        if was is not None and now is not None and was[1] != now[1]:
+            modes = (f"mode {stat.S_IMODE(was[1]):04o}", f"mode {stat.S_IMODE(now[1]):04o}")
+            assert any(target in x and all(m in x for m in modes) for x in lines), (target, text)
+        if was != now and not (rerecorded and _alphas(target)):
             assert target in text, (target, text)
 
 
@@ -213,3 +222,73 @@ def test_a_record_wrong_as_shipped_reads_the_same_in_full_and_quick(
     for recorded, now in (("full", "quick"), ("quick", "full")):
         result = verify(manifests[recorded], integrity=now, nvml=h200("idle"))  # type: ignore[arg-type]
         assert not result.drift, render_text(result.diff)
+
+
+def _copy(base_venv: Path, tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    shutil.copytree(base_venv, venv, symlinks=True)
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(str(base_venv), str(venv)))
+    return venv
+
+
+def test_a_chmod_is_named_with_both_modes_in_full_and_quick(
+    base_venv: Path, tmp_path: Path
+) -> None:
+    """A .py made executable, and an edited (drifted) file then made world-writable: each is
+    named by verify with its modes and as fields, whichever check took the snapshot; the
+    manifest keeps only the files whose mode is not their distribution's usual one."""
+    venv = _copy(base_venv, tmp_path)
+    site = site_packages(venv)
+    init, model = site / "alpha" / "__init__.py", site / "alpha" / "models" / "llama.py"
+    model.write_text(model.read_text() + "print('patch 1')\n")
+    later(model)
+    usual = f"{stat.S_IMODE(init.stat().st_mode):04o}"
+    manifests = {}
+    for mode in ("full", "quick"):
+        snap = take(venv, mode)
+        alpha = next(d for d in snap.pythons[0].distributions if d.name == "alpha")
+        assert alpha.modes is not None and alpha.modes.usual == usual
+        assert alpha.modes.other == {}
+        manifests[mode] = tmp_path / f"{mode}.json"
+        manifests[mode].write_text(canonical_json(snap.model_dump(mode="json")))
+    init.chmod(0o755)
+    model.chmod(0o666)
+    for recorded in ("full", "quick"):
+        for now in ("full", "quick"):
+            result = verify(manifests[recorded], integrity=now, nvml=h200("idle"))  # type: ignore[arg-type]
+            assert result.drift
+            lines = render_text(result.diff)
+            assert f"  alpha/__init__.py (alpha): mode {usual} → mode 0755" in lines, lines
+            assert f"  alpha/models/llama.py (alpha): mode {usual} → mode 0666" in lines, lines
+            [change] = [
+                c for g in result.diff.groups for c in g.changes
+                if g.key.startswith("modes ") and "__init__" in c.subject
+            ]  # fmt: skip
+            assert change.item == {
+                "kind": "file", "environment": str(venv), "path": "alpha/__init__.py",
+                "distribution": "alpha",
+            }  # fmt: skip
+            assert change.before_fields == {"status": "mode", "mode": usual}
+            assert change.after_fields == {"status": "mode changed", "mode": "0755"}
+    alpha = next(d for d in take(venv, "quick").pythons[0].distributions if d.name == "alpha")
+    assert alpha.modes is not None
+    assert alpha.modes.other == {"0666": ["alpha/models/llama.py"], "0755": ["alpha/__init__.py"]}
+
+
+def test_a_manifest_without_modes_reports_no_mode_drift(base_venv: Path, tmp_path: Path) -> None:
+    """A version-2 manifest written before modes were recorded (and so a converted version-1
+    one) has none: it stays readable, and a chmod since is not reported as drift."""
+    venv = _copy(base_venv, tmp_path)
+    data = take(venv, "full").model_dump(mode="json")
+    for env in data["pythons"]:
+        for dist in env["distributions"]:
+            del dist["modes"]
+        for added in env["added"]:
+            del added["mode"]
+    manifest = tmp_path / "old.json"
+    manifest.write_text(canonical_json(data))
+    (site_packages(venv) / "alpha" / "__init__.py").chmod(0o755)
+    result = verify(manifest, integrity="quick", nvml=h200("idle"))  # type: ignore[arg-type]
+    assert not result.drift, render_text(result.diff)
+    assert any("files whose mode changed" in n for n in result.diff.not_compared)
