@@ -397,7 +397,7 @@ def _sweep_temps(out: Path) -> None:
     """Remove the temporary files a killed build left in the folder (``atomic_writer``'s
     ``.<name>.*.tmp`` of the files a build writes there: a docker archive's is gigabytes). The
     caller holds the folder's lock, so no build is writing them now."""
-    ours = (MANIFEST_FILE, image.DOCKER_ARCHIVE, "index.json", "oci-layout")
+    ours = (MANIFEST_FILE, image.DOCKER_ARCHIVE, SBOM_FILE, "index.json", "oci-layout")
     for folder in (out, out / OCI_DIR, out / OCI_DIR / "blobs" / "sha256"):
         try:
             entries = list(os.scandir(folder))
