@@ -270,3 +270,43 @@ def test_a_killed_pulls_folder_beside_its_destination_goes_with_the_next_pull(
             child.wait()
             assert child.stdout is not None
             child.stdout.close()
+
+
+def test_mmdebstraps_ca_folder_is_locked_while_it_runs_and_gone_after(
+    temp_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one folder at a fixed place (/tmp: the same path inside the chroot): mmdebstrap sees
+    a locked ``envbuild-ca-*`` folder with the bundle, which goes when it ends (here: fails)."""
+    import fcntl
+    from types import SimpleNamespace
+
+    from envbuild import proc
+    from envbuild.base import debian
+
+    bundle = tmp_path / "bundle.crt"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    seen: list[Path] = []
+
+    def mmdebstrap(argv: list[str], **_: object) -> None:
+        setup = next(a for a in argv if a.startswith("--setup-hook=")).split("=", 1)[1]
+        words = Path(setup).read_text().split()
+        ca = next(Path(w.strip('"')).parent for w in words if w.endswith('/ca.crt"'))
+        seen.append(ca)
+        assert ca.parent == temp_root and ca.name.startswith("envbuild-ca-")
+        assert (ca / "ca.crt").read_text() == bundle.read_text()
+        probe = os.open(ca, os.O_RDONLY | os.O_DIRECTORY)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(probe)
+        raise RuntimeError("mmdebstrap failed")
+
+    monkeypatch.setattr(proc, "run", mmdebstrap)
+    work = tmp_path / "work"
+    work.mkdir()
+    base = SimpleNamespace(
+        mirror="https://deb.debian.org/debian", variant="essential", packages=[], suite="bookworm"
+    )
+    with pytest.raises(RuntimeError, match="mmdebstrap failed"):
+        debian._mmdebstrap(work, base, None, 0)
+    assert len(seen) == 1 and not seen[0].exists()
