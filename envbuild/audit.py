@@ -35,7 +35,6 @@ import mmap
 import os
 import re
 import struct
-import tempfile
 import tomllib
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -46,7 +45,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.errors import InputFileError
 
 log = logging.getLogger("envbuild.audit")
@@ -395,7 +394,7 @@ def audit_wheel(wheel: Path, *, tool: str | None = None) -> Audit:
 
 @contextmanager
 def _unpacked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="envbuild-audit-") as tmp:
+    with scratch.temp_dir("audit-") as tmp:
         target = Path(tmp) / Path(info.filename).name
         with zf.open(info) as src, target.open("wb") as dst:
             while chunk := src.read(1 << 20):

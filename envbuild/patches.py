@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.errors import InputFileError, UserError
 from envbuild.fsio import atomic_writer, canonical_json, sha256_file
 from envbuild.store import Output, Store, derivation_key
@@ -251,7 +250,7 @@ def patch_wheel(
     name, version, _build, tags = parse_wheel_filename(filename)
     tag = filename[:-4].split("-", 2)[2]  # python-abi-platform (and a build tag) as written
     del tags
-    with tempfile.TemporaryDirectory(prefix="envbuild-patch-") as tmp:
+    with scratch.temp_dir("patch-") as tmp:
         unpacked = _unpack(wheel, Path(tmp) / "w")
         touched: set[str] = set()
         for path, ref in patches:

@@ -15,9 +15,10 @@ estimated size plus :data:`RESERVE`, counting what other folders hold right now;
 (None) and the caller uses its own folder in the store. A folder is locked (``flock``) while it
 is used, so one that a killed build left behind is recognised and removed by the next call.
 
-:func:`temp_dir` is the same for a small folder in the system's temporary directory (uv's
-requirements and wheel links): locked while used, and what a killed run left there removed by
-the next run. ``envbuild gc`` calls :func:`sweep` to remove both kinds at once.
+:func:`temp_dir` is the same for every other temporary folder envbuild makes (uv's requirements
+and wheel links, a wheel being patched, a downloaded sdist, ...; :data:`TEMP_KINDS`): locked
+while used, and what a killed run left removed by the next run of the same kind. ``envbuild gc``
+calls :func:`sweep` to remove all of them at once.
 """
 
 from __future__ import annotations
@@ -144,41 +145,85 @@ def _hold(path: Path) -> int:
     return fd
 
 
-#: The folders :func:`temp_dir` makes in the system's temporary directory (only these are
-#: swept there: other programs' folders, and envbuild's unlocked ones, are not ours to judge).
-TEMP_KINDS = ("wheels-",)
+#: The folders :func:`temp_dir` makes, ``envbuild-<kind>*``, and where: in the system's temporary
+#: directory (None) or in a fixed folder. Only these are swept there: other programs' folders
+#: are not ours to judge.
+TEMP_KINDS: dict[str, str | None] = {
+    "wheels-": None,  # uv's requirements and wheel links (install.py)
+    "lock-": None,  # uv pip compile's project (lock/resolve.py)
+    "sdist-": None,  # an sdist downloaded for its PKG-INFO (lock/sdist.py)
+    "wheel-": None,  # a wheel downloaded for its METADATA (sourceplan.py)
+    "patch-": None,  # a wheel unpacked to be patched (patches.py)
+    "audit-": None,  # a library unpacked from a wheel for cuobjdump (audit.py)
+    "auth-": None,  # a registry auth.json with credentials (registry/auth.py)
+    "copy-": None,  # skopeo's digest file (registry/transport.py)
+    "engine-": None,  # docker save / load archives (registry/engine.py)
+    "ca-": "/tmp",  # the CA bundle for mmdebstrap: one path inside its chroot too (base/debian.py)
+}
 
 
-def _tmp_root() -> Path:
-    return Path(tempfile.gettempdir())
+def _kind_root(kind: str) -> Path:
+    fixed = TEMP_KINDS[kind]
+    return Path(fixed) if fixed else Path(tempfile.gettempdir())
 
 
 @contextlib.contextmanager
-def temp_dir(prefix: str) -> Iterator[Path]:
-    """A fresh folder ``envbuild-<prefix>*`` in the system's temporary directory, locked while
-    the block runs and removed after it; first the ones killed runs left are removed."""
-    if prefix not in TEMP_KINDS:
-        raise ValueError(f"not a known temporary folder kind: {prefix!r}")
-    parent = _tmp_root()
-    _sweep(parent, (f"{PREFIX}{prefix}",))
-    path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{prefix}", dir=parent))
+def temp_dir(kind: str) -> Iterator[Path]:
+    """A fresh folder ``envbuild-<kind>*`` (a key of :data:`TEMP_KINDS`), locked while the block
+    runs and removed after it; first the ones killed runs left are removed."""
+    if kind not in TEMP_KINDS:
+        raise ValueError(f"not a known temporary folder kind: {kind!r}")
+    with _locked(_kind_root(kind), f"{PREFIX}{kind}") as path:
+        yield path
+
+
+@contextlib.contextmanager
+def beside(dest: Path, kind: str) -> Iterator[Path]:
+    """A fresh folder ``.<dest's name>.<kind>*`` next to ``dest`` (on its file system, to be
+    renamed into place), locked like :func:`temp_dir`'s; what a killed run left beside the same
+    ``dest`` is removed by the next one (``gc`` cannot know where such folders are)."""
+    with _locked(dest.parent, f".{dest.name}.{kind}") as path:
+        yield path
+
+
+@contextlib.contextmanager
+def _locked(parent: Path, prefix: str) -> Iterator[Path]:
+    _sweep(parent, (prefix,))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     held = _hold(path)
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        _rmtree(path)
         os.close(held)
 
 
 def sweep() -> int:
     """Remove what killed runs left: scratch folders in memory (or on ``ENVBUILD_SCRATCH``)
-    and :func:`temp_dir` folders. Returns how many were removed."""
+    and :func:`temp_dir` folders of every kind. Returns how many were removed."""
     setting = os.environ.get(ENV, "")
     removed = 0
     if setting != "store":
         removed += _sweep(Path(setting) if setting else SHM)
-    removed += _sweep(_tmp_root(), tuple(f"{PREFIX}{k}" for k in TEMP_KINDS))
+    by_root: dict[Path, list[str]] = {}
+    for kind in TEMP_KINDS:
+        by_root.setdefault(_kind_root(kind), []).append(f"{PREFIX}{kind}")
+    for parent, prefixes in by_root.items():
+        removed += _sweep(parent, tuple(prefixes))
     return removed
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a tree, read-only folders in it included (an unpacked wheel may have them)."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        for dirpath, _dirs, _files in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(dirpath, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
@@ -206,7 +251,7 @@ def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
             os.close(fd)
             continue
         log.info("removing %s, left by a build that did not finish", entry.path)
-        shutil.rmtree(entry.path, ignore_errors=True)
+        _rmtree(Path(entry.path))
         os.close(fd)
         removed += 1
     return removed

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,6 +31,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
+from envbuild import scratch
 from envbuild.audit import Audit
 from envbuild.builder import Builder, HostBuilder
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError, UsageError
@@ -215,7 +215,7 @@ def wheel_requires(wheel: WheelRef) -> list[str]:
     data = _http(wheel.url + ".metadata", wheel, optional=True)
     if data is None:
         log.info("%s: the index serves no METADATA file; reading the wheel", wheel.filename)
-        with tempfile.TemporaryDirectory(prefix="envbuild-wheel-") as tmp:
+        with scratch.temp_dir("wheel-") as tmp:
             path = Path(tmp) / wheel.filename
             _http(wheel.url, wheel, into=path)
             data = _zip_metadata(path, wheel)

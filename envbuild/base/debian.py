@@ -18,12 +18,12 @@ proxy) stays in the rootfs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import shutil
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -106,20 +106,31 @@ def _mmdebstrap(
     work: Path, spec_base: Any, pins: list[DebianPackageLock] | None, sde: int
 ) -> tuple[Path, list[DebianPackageLock]]:
     """Run mmdebstrap into ``work/rootfs.tar``; returns it and the installed package set."""
+    bundle = os.environ.get("SSL_CERT_FILE") if spec_base.mirror.startswith("https:") else None
+    # apt runs outside (downloads) and inside the chroot: one path valid in both places, under
+    # /tmp, which mmdebstrap empties in the chroot at the end (locked: see envbuild.scratch)
+    with scratch.temp_dir("ca-") if bundle else contextlib.nullcontext() as ca_dir:
+        return _mmdebstrap_run(work, spec_base, pins, sde, bundle, ca_dir)
+
+
+def _mmdebstrap_run(
+    work: Path,
+    spec_base: Any,
+    pins: list[DebianPackageLock] | None,
+    sde: int,
+    bundle: str | None,
+    ca_dir: Path | None,
+) -> tuple[Path, list[DebianPackageLock]]:
     out = work / "out"
     out.mkdir()
     pin_lines, ca_lines = "", ""
-    ca_dir: Path | None = None
     if pins:
         prefs = "".join(
             f"Package: {p.name}\nPin: version {p.version}\nPin-Priority: 1001\n\n" for p in pins
         )
         (out / "pin.pref").write_text(prefs)
         pin_lines = f'cp "{out}/pin.pref" "$root/etc/apt/preferences.d/envbuild-pin"'
-    if spec_base.mirror.startswith("https:") and (bundle := os.environ.get("SSL_CERT_FILE")):
-        # apt runs outside (downloads) and inside the chroot: one path valid in both places,
-        # under /tmp, which mmdebstrap empties in the chroot at the end.
-        ca_dir = Path(tempfile.mkdtemp(prefix="envbuild-ca-", dir="/tmp"))
+    if bundle and ca_dir is not None:
         shutil.copyfile(bundle, ca_dir / "ca.crt")
         ca_lines = (
             f'mkdir -p "$root{ca_dir}" && cp "{ca_dir}/ca.crt" "$root{ca_dir}/ca.crt"\n'
@@ -139,12 +150,8 @@ def _mmdebstrap(
     with scratch.folder("chroot-", CHROOT_ESTIMATE) as fast:
         chroot = fast or work
         env = proc.child_env({"SOURCE_DATE_EPOCH": str(sde), "TMPDIR": str(chroot)})
-        try:
-            log.info("building a Debian %s rootfs with mmdebstrap (in %s)", spec_base.suite, chroot)
-            proc.run(argv, tool="mmdebstrap", env=env, stream=True, hint=HINT)
-        finally:
-            if ca_dir is not None:
-                shutil.rmtree(ca_dir, ignore_errors=True)
+        log.info("building a Debian %s rootfs with mmdebstrap (in %s)", spec_base.suite, chroot)
+        proc.run(argv, tool="mmdebstrap", env=env, stream=True, hint=HINT)
     return work / "rootfs.tar", _read_packages(out)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import tomllib
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed
 from envbuild.lock.model import Hashes, LockedBuild, LockedFile, LockedPackage
 from envbuild.lock.sdist import SdistMetadata, sdist_metadata
@@ -135,7 +134,7 @@ def _compile(
     *,
     no_deps: bool,
 ) -> list[LockedPackage]:
-    with tempfile.TemporaryDirectory(prefix="envbuild-lock-") as tmp:
+    with scratch.temp_dir("lock-") as tmp:
         work = Path(tmp)
         _write_project(work, target, requirements)
         _write_config(work, versions, metadata)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import tarfile
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.metadata import parse_email
 
+from envbuild import scratch
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError
 from envbuild.lock.model import LockedFile
 
@@ -44,7 +44,7 @@ class SdistMetadata:
 def sdist_metadata(sdist: LockedFile) -> SdistMetadata:
     """Download ``sdist`` (verifying its size and sha256) and read its top-level PKG-INFO."""
     log.info("reading the dependencies of %s from its PKG-INFO", sdist.name)
-    with tempfile.TemporaryDirectory(prefix="envbuild-sdist-") as tmp:
+    with scratch.temp_dir("sdist-") as tmp:
         path = Path(tmp) / "sdist"
         _download(sdist, path)
         text = _pkg_info(path, sdist.name)

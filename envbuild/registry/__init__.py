@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from envbuild import scratch
 from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotFound
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.layout import LayoutImage, open_layout, verify_layout
@@ -287,8 +286,7 @@ def pull(
         )
     if source.digest is not None and digest != source.digest:
         raise IntegrityError(f"registry {source.registry} answered {digest} for {source}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.pull-", dir=dest.parent))
-    try:
+    with scratch.beside(dest, "pull-") as tmp:
         layout = tmp / "layout"
         transport.pull(source.pinned(digest), layout, endpoint, api.creds, source.tag)
         image = open_layout(layout, source.tag)
@@ -304,8 +302,6 @@ def pull(
         if dest.exists():
             dest.rmdir()
         os.replace(layout, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log.debug("pulled %s (%s) into %s, every blob verified", source, digest, dest)
     return PullResult(
         str(source), digest, shown, len(image.blobs), image.size, image.manifest.digest,

@@ -18,14 +18,13 @@ import binascii
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.errors import InputFileError, RegistryError, ToolFailed
 
 log = logging.getLogger("envbuild.registry")
@@ -144,7 +143,7 @@ def find_credentials(registry: str, repository: str = "") -> Credentials | None:
 def auth_file(registry: str, creds: Credentials | None) -> Iterator[Path]:
     """A private auth.json holding ``creds`` for ``registry`` (empty without credentials, so the
     child sees exactly what envbuild saw), removed when the block ends."""
-    with tempfile.TemporaryDirectory(prefix="envbuild-auth-") as tmp:
+    with scratch.temp_dir("auth-") as tmp:
         path = Path(tmp) / "auth.json"
         auths: dict[str, dict[str, str]] = {}
         if creds is not None:

@@ -20,13 +20,12 @@ import io
 import json
 import logging
 import tarfile
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from envbuild import layers
+from envbuild import layers, scratch
 from envbuild.errors import EnvironmentFailure, ToolFailed, ToolNotFound
 from envbuild.fsio import compact_json
 from envbuild.registry.api import Endpoint
@@ -155,7 +154,7 @@ class DockerEngine(Transport):
     ) -> Copied:
         repo_tag = f"{target.name}:{target.tag}"
         with self._session() as client:
-            with tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp:
+            with scratch.temp_dir("engine-") as tmp:
                 archive = self._archive(image, repo_tag, Path(tmp))
                 with archive.open("rb") as f:
                     loading = client.api.load_image(f)
@@ -187,7 +186,7 @@ class DockerEngine(Transport):
         pinned = f"{source.name}@{source.digest}"
         with (
             self._session() as client,
-            tempfile.TemporaryDirectory(prefix="envbuild-engine-") as tmp,
+            scratch.temp_dir("engine-") as tmp,
         ):
             stream = client.api.pull(
                 source.name, tag=source.digest, stream=True, decode=True, auth_config=_auth(creds)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc
+from envbuild import proc, scratch
 from envbuild.errors import IntegrityError, RegistryError, ToolFailed
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials, auth_file
@@ -137,7 +136,7 @@ class Skopeo(Transport):
     ) -> Copied:
         name = image.manifest.annotations.get(REF_NAME)
         source = f"oci:{image.root}" + (f":{name}" if name else "")
-        with auth_file(target.registry, creds) as authfile, tempfile.TemporaryDirectory() as tmp:
+        with auth_file(target.registry, creds) as authfile, scratch.temp_dir("copy-") as tmp:
             digestfile = Path(tmp) / "digest"
             self._copy(
                 [

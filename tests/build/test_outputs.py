@@ -225,7 +225,8 @@ def test_what_killed_runs_left_is_removed(
     tmp_path: Path,
 ) -> None:
     """uv's wheel folders in the temporary directory and staging folders in memory: a later
-    build removes the first, `gc` both (older than a minute and unlocked, like scratch's)."""
+    build removes the first, `gc` both and every other temporary folder kind (older than a
+    minute and unlocked, like scratch's)."""
     tmp, shm = tmp_path / "tmp", tmp_path / "shm"
     tmp.mkdir()
     shm.mkdir()
@@ -243,16 +244,18 @@ def test_what_killed_runs_left_is_removed(
     wheels = leftover(tmp, "envbuild-wheels-killed")
     fresh = tmp / "envbuild-wheels-running"  # a minute old at most: maybe not locked yet
     fresh.mkdir()
-    other = leftover(tmp, "envbuild-lock-notours")  # not a locked kind: never swept
+    other = leftover(tmp, "envbuild-dockerd-notours")  # not a locked kind: never swept
     spec_a, _ = two_specs
     assert cli(*build_args(repo, spec_a, repo / "out")).exit_code == 0
     assert not wheels.exists() and fresh.exists() and other.exists()
     stage = leftover(shm, "envbuild-stage-killed")
     wheels = leftover(tmp, "envbuild-wheels-killed2")
+    auth = leftover(tmp, "envbuild-auth-killed")  # gc sweeps every kind (tests/build/test_scratch)
     result = cli("gc", "--store", repo / "store", "--json")
     assert result.exit_code == 0, result.stderr
-    assert result.json()["removed_scratch"] == 2
-    assert not stage.exists() and not wheels.exists() and fresh.exists() and other.exists()
+    assert result.json()["removed_scratch"] == 3
+    assert not stage.exists() and not wheels.exists() and not auth.exists()
+    assert fresh.exists() and other.exists()
 
 
 def test_the_printed_time_is_the_wall_time(
