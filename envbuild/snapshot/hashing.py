@@ -63,12 +63,19 @@ def failed(path: str, exc: OSError, size: int = 0) -> FileHash:
     return FileHash(path, size, None, exc.strerror or str(exc), missing=gone)
 
 
+def _not_a_path(path: str) -> FileHash:
+    # a RECORD is untrusted: a NUL byte in a path is a finding, not a crash of the check
+    return FileHash(path, 0, None, "not a file name (it holds a NUL byte)", missing=True)
+
+
 def stat_one(path: str) -> FileHash:
     """Size and mtime, no hash; the same errors as :func:`hash_one`."""
     try:
         st = os.stat(path)
     except OSError as exc:
         return failed(path, exc)
+    except ValueError:
+        return _not_a_path(path)
     if not stat.S_ISREG(st.st_mode):
         return FileHash(path, st.st_size, None, "not a regular file")
     return FileHash(path, st.st_size, None, mtime_ns=st.st_mtime_ns, mode=stat.S_IMODE(st.st_mode))
@@ -85,6 +92,8 @@ def hash_one(path: str, buffer: bytearray | None = None) -> FileHash:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         return failed(path, exc)
+    except ValueError:
+        return _not_a_path(path)
     try:
         st = os.fstat(fd)
         size = st.st_size

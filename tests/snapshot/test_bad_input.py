@@ -260,3 +260,16 @@ def test_a_hand_edited_build_manifest(
     bad = tmp_path / "hand.json"
     bad.write_text(json.dumps(content))
     fails_cleanly(cli("diff", FIXTURE, bad), f"{bad}: invalid build manifest: ", needle, "hint: ")
+
+
+def test_a_record_path_with_a_nul_byte(cli: Any, venv: Path) -> None:
+    """A RECORD is untrusted: a path no file can have is reported, never a crash (exit 4)."""
+    record = site_packages(venv) / "alpha-1.0.dist-info" / "RECORD"
+    with record.open("a") as f:
+        f.write("alpha/bad\0name.py,sha256=AAAA,5\n")
+    for quick in ((), ("--quick",)):
+        result = cli("snapshot", "--python", venv, *quick, "--no-docker", "--no-systemd",
+                     "--no-models")  # fmt: skip
+        assert result.exit_code in (0, 2), result.stderr
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+        assert "bad" in result.stdout + result.stderr
