@@ -43,7 +43,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="envbuild-bench-lock-") as tmp:
         for spec in specs:
             loaded = validate(spec).loaded
-            out = Path(tmp) / f"{loaded.name}.pylock.toml"
+            out = Path(tmp) / f"pylock.{loaded.name}.toml"
             cache = Path(tmp) / f"cache-{loaded.name}"
             os.environ["UV_CACHE_DIR"] = str(cache)
             start = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Extract ``vllm serve``'s flags from a vLLM wheel into envbuild's knowledge base.
 
-    tools/vllm_serve_flags.py venv DEST --vllm 0.33.0 --lock lockfiles/kimi-nvfp4.pylock.toml \
+    tools/vllm_serve_flags.py venv DEST --vllm 0.33.0 --lock lockfiles/pylock.kimi-nvfp4.toml \
         [--torch 'torch==2.13.0+cpu'] [--wheels DIR]
     tools/vllm_serve_flags.py table --python DEST/bin/python -o envbuild/spec/vllm_serve/0.33.0.toml
 
