@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
@@ -24,7 +24,7 @@ from envbuild.apply.integrity import check_generation, installed_unit_problems
 from envbuild.apply.modelcache import ModelResult
 from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
-from envbuild.apply.preflight import PreflightInput, PreflightReport, run_preflight
+from envbuild.apply.preflight import LinkResult, PreflightInput, PreflightReport, run_preflight
 from envbuild.apply.record import write_snapshot
 from envbuild.apply.servecheck import ParseResult, parse_commands, serve_args
 from envbuild.apply.statelock import state_lock
@@ -34,6 +34,9 @@ from envbuild.apply.wheels import wanted
 from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings, UserError
 from envbuild.spec.checks.serve import placeholders
 from envbuild.spec.model import Spec
+
+if TYPE_CHECKING:
+    from envbuild.linkcheck import Report
 
 log = logging.getLogger("envbuild.apply")
 
@@ -153,6 +156,9 @@ def apply(
         parsed: ParseResult | None = None
         if reuse and unit is not None and found is not None and found.generation is not None:
             parsed = vllm_parses(found.generation, spec, paths)
+        linked: LinkResult | None = None  # of a generation built before; else after the build
+        if reuse and found is not None and found.generation is not None:
+            linked = link_result(found.generation, spec)
         report = run_preflight(
             host.probe,
             paths,
@@ -172,6 +178,7 @@ def apply(
                 packages=[(p.name, p.version) for p in inp.lock.packages],
                 placeholders=_placeholders(inp),
                 vllm_args=None if parsed is None else (parsed.ok, parsed.error),
+                links=linked,
             ),
         )
         outcome = ApplyOutcome(
@@ -190,6 +197,9 @@ def apply(
         if unit is not None and parsed is None:
             # vLLM's own parser on the exact command, before the model download and the switch
             _refuse_unparsable(realised.generation, spec, paths)
+        if linked is None:
+            # the link check of the venv just built, before the model download and the switch
+            _check_links(realised.generation, spec)
         # a store root keeps the wheels its wheels/ links name through `envbuild gc`
         host.wheels.keep(realised.generation)
         if spec.model is not None:
@@ -197,7 +207,6 @@ def apply(
             fetched = [fetch_model(paths.hf_hub_cache, repo) for repo in spec.model.repos()]
             outcome.model, outcome.repos = fetched[0], fetched[1:]
         target = realised.generation
-        _check_links(target, spec)
         if drift is None and current is not None and current.number == target.number:
             drift = _service_drift(paths, current, spec)  # known only now that it is built
         if (
@@ -330,12 +339,28 @@ def _reusable(host: Host, inp: ApplyInput) -> Found | None:
     return find_reusable(paths, generation_hash(paths, inp, wheels))
 
 
-def _check_links(target: gens.Generation, spec: Spec) -> None:
-    """Refuse to switch to a generation whose files will not load (the link check over its
-    venv, cached per file: a reused generation costs a stat per file)."""
+def _link_report(target: gens.Generation, spec: Spec) -> Report:
+    """The link check over a generation's venv (envbuild.linkcheck.Report), cached per file:
+    a generation checked before costs a stat per file."""
     from envbuild import linkcheck
 
-    report = linkcheck.check_folder("/", str(target.venv), accept=spec.image.link_findings)
+    return linkcheck.check_folder("/", str(target.venv), accept=spec.image.link_findings)
+
+
+def link_result(target: gens.Generation, spec: Spec) -> LinkResult:
+    """The link check of an existing generation, for preflight's ``links`` line."""
+    report = _link_report(target, spec)
+    return LinkResult(
+        generation=target.number,
+        checked=report.checked,
+        findings=[(f.id, f.line()) for f in report.findings],
+        accepted=len(report.accepted),
+    )
+
+
+def _check_links(target: gens.Generation, spec: Spec) -> None:
+    """Refuse to switch to a generation just built whose files will not load."""
+    report = _link_report(target, spec)
     if report.findings:
         raise LinkFindings(
             f"generation {target.number}",

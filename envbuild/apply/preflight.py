@@ -108,6 +108,18 @@ class PreflightInput:
     #: vLLM's own parser on the unit's command, when the generation exists already: (accepted,
     #: its error); accepted is None when the parser could not be loaded.
     vllm_args: tuple[bool | None, str | None] | None = None
+    #: The link check of the generation's venv, when the generation exists already.
+    links: LinkResult | None = None
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """What the link check said of a generation's venv (envbuild.linkcheck.Report, reduced)."""
+
+    generation: int
+    checked: int  # ELF files looked at
+    findings: list[tuple[str, str]]  # (id, line) of each finding the spec does not accept
+    accepted: int = 0  # findings the spec accepts in [image.link_findings]
 
 
 def _norm_gpu(name: str) -> str:
@@ -287,6 +299,9 @@ def run_preflight(probe: HostProbe, paths: Paths, given: PreflightInput) -> Pref
     if given.unit is not None:
         add(_vllm_args_check(given.vllm_args))
 
+    # -- the link check of the generation's venv -----------------------------------------------
+    add(_links_check(given.links))
+
     # -- disk for the model ------------------------------------------------------------------
     if spec.model is not None:
         have = cached_bytes(paths.hf_hub_cache, spec.model)
@@ -380,6 +395,34 @@ def _vllm_args_check(parsed: tuple[bool | None, str | None] | None) -> Check:
         Status.FAIL,
         f"the generation's vLLM refuses the unit's command: {error}",
         "fix serve.extra_args (or the [serve] / [model] keys)",
+        Kind.FIT,
+    )
+
+
+def _links_check(links: LinkResult | None) -> Check:
+    if links is None:
+        return Check(
+            "links",
+            Status.SKIP,
+            "the generation is not built yet: the link check runs on its venv after the build, "
+            "before the switch",
+        )
+    accepted = f" ({links.accepted} accepted by the spec)" if links.accepted else ""
+    if not links.findings:
+        return Check(
+            "links",
+            Status.OK,
+            f"generation {links.generation}: its {links.checked} ELF files load{accepted}",
+        )
+    count = len(links.findings)
+    ids = sorted({i for i, _ in links.findings})
+    return Check(
+        "links",
+        Status.FAIL,
+        f"generation {links.generation}: {count} file{'s' if count != 1 else ''} will not "
+        f"load{accepted}: " + "; ".join(line for _, line in links.findings),
+        "fix the distributions named (a build for this torch and CUDA), or accept each by its "
+        "id in [image.link_findings] with the reason: " + ", ".join(f'"{i}"' for i in ids),
         Kind.FIT,
     )
 

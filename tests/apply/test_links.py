@@ -24,6 +24,19 @@ def test_a_generation_that_will_not_load_is_refused(
     assert '"vllm:libgone.so.1"' in r.stderr  # the id the spec can accept it by
     assert gens.current(machine.paths) is None  # nothing was switched to
 
+    # the generation exists now: preflight checks it, also in a dry run, and refuses it
+    r = cli("apply", spec, "--root", machine.root, "--dry-run", "--json")
+    assert r.exit_code == 2, r.stderr
+    links = {c["name"]: c for c in r.json()["preflight"]["checks"]}["links"]
+    assert links["status"] == "fail" and links["kind"] == "fit"
+    assert links["message"].startswith("generation 1: 1 file will not load: vllm: ")
+    assert "needs libgone.so.1" in links["message"]
+    assert '[image.link_findings] with the reason: "vllm:libgone.so.1"' in links["hint"]
+    r = cli("apply", spec, "--root", machine.root)
+    assert r.exit_code == 2, r.stderr
+    assert "links" in r.stdout and "fix: " in r.stdout and "preflight failed" in r.stdout
+    assert gens.current(machine.paths) is None
+
     spec.write_text(
         spec.read_text()
         + '\n[image.link_findings]\n"vllm:libgone.so.1" = "a plugin the test never loads"\n'
@@ -32,3 +45,8 @@ def test_a_generation_that_will_not_load_is_refused(
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 0, r.stderr
     assert gens.current(machine.paths) is not None
+    r = cli("apply", spec, "--root", machine.root, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    links = {c["name"]: c for c in r.json()["preflight"]["checks"]}["links"]
+    assert links["status"] == "ok", links
+    assert "(1 accepted by the spec)" in links["message"]

@@ -11,7 +11,14 @@ from apply.conftest import Experiment, Machine
 from support.fakesystemd import FakeNvml
 
 from envbuild.apply.paths import Paths
-from envbuild.apply.preflight import Kind, PreflightInput, PreflightReport, Status, run_preflight
+from envbuild.apply.preflight import (
+    Kind,
+    LinkResult,
+    PreflightInput,
+    PreflightReport,
+    Status,
+    run_preflight,
+)
 from envbuild.apply.probe import SystemProbe, Toolkit
 from envbuild.lock import lock_spec
 from envbuild.spec import load_spec
@@ -43,6 +50,11 @@ def test_a_machine_that_fits_passes_and_dry_run_changes_nothing(
     assert got["gpu-memory"] == ("ok", "no process holds GPU memory")
     assert got["disk"][0] == "ok" and "hub" in got["disk"][1]
     assert got["python"][0] == "ok"
+    assert got["links"] == (
+        "skip",
+        "the generation is not built yet: the link check runs on its venv after the build, "
+        "before the switch",
+    )
     assert r.json()["generation"] is None
     assert sorted(p.name for p in machine.root.iterdir()) == []  # not even the lock file
 
@@ -154,16 +166,43 @@ def test_a_source_build_needs_a_matching_toolkit(
     assert report.exit_code == (3 if status is Status.FAIL else 0)
 
 
-def _preflight(spec_path: Path, root: Path, packages: list[tuple[str, str]]) -> PreflightReport:
+def _preflight(
+    spec_path: Path, root: Path, packages: list[tuple[str, str]], links: LinkResult | None = None
+) -> PreflightReport:
     return run_preflight(
         SystemProbe(FakeNvml()),  # driver 590.48.01, which runs CUDA 13.1
         Paths(root),
         PreflightInput(
             spec=load_spec(spec_path).spec, unit=None, keep_units=frozenset(), running_units=[],
             builds_missing={}, secrets_missing=[], python="/usr/bin/python3", agreed=False,
-            can_start=True, packages=packages,
+            can_start=True, packages=packages, links=links,
         ),
     )  # fmt: skip
+
+
+def test_link_findings_of_an_existing_generation_are_a_fit_failure(
+    experiment: Experiment, tmp_path: Path
+) -> None:
+    found = [
+        ("torchao:symbols", "torchao: …/torchao/_C.abi3.so needs undefined symbols c10::…"),
+        ("torchao:libcudart.so.12", "torchao: …/torchao/_C.abi3.so needs libcudart.so.12"),
+        ("torchao:symbols", "torchao: …/torchao/_C2.abi3.so needs undefined symbols at::…"),
+    ]
+    spec = experiment("tiny-a", lock=False)
+    report = _preflight(spec, tmp_path, [], LinkResult(3, 812, found, accepted=1))
+    [check] = [c for c in report.checks if c.name == "links"]
+    assert check.status is Status.FAIL and check.kind is Kind.FIT
+    assert check.message.startswith("generation 3: 3 files will not load (1 accepted by the spec)")
+    assert all(line in check.message for _, line in found)
+    assert check.hint is not None and check.hint.endswith(
+        '[image.link_findings] with the reason: "torchao:libcudart.so.12", "torchao:symbols"'
+    )
+    assert report.exit_code == 2
+
+    report = _preflight(spec, tmp_path, [], LinkResult(3, 812, []))
+    [check] = [c for c in report.checks if c.name == "links"]
+    assert (check.status, check.message) == (Status.OK, "generation 3: its 812 ELF files load")
+    assert report.exit_code == 0
 
 
 def test_apply_warns_of_the_locks_run_time_compilers(
