@@ -417,7 +417,7 @@ def main() -> int:
             kimi = make_repo(
                 work,
                 REPO / "specs" / "kimi-nvfp4.toml",
-                lockfile=REPO / "lockfiles" / "kimi-nvfp4.pylock.toml",
+                lockfile=REPO / "lockfiles" / "pylock.kimi-nvfp4.toml",
             )
             results["kimi"] = bench_envbuild(kimi, work, args.runs, None, big=True)
             save()

@@ -3,7 +3,7 @@
     python3 bench/linkcheck.py                      # the kimi-nvfp4 venv, made once with uv
     python3 bench/linkcheck.py --venv DIR --repeat 5 --json out.json
 
-Makes (or reuses) a venv of ``lockfiles/kimi-nvfp4.pylock.toml`` with ``uv pip install -r``
+Makes (or reuses) a venv of ``lockfiles/pylock.kimi-nvfp4.toml`` with ``uv pip install -r``
 (~9 GB), then measures, each in a fresh Python (interpreter start not timed, the import of
 envbuild.linkcheck timed), in rounds:
 
@@ -70,15 +70,13 @@ def make_venv(venv: Path) -> None:
 
     uv = proc.find_uv()
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
-    with tempfile.TemporaryDirectory() as tmp:
-        lock = Path(tmp) / "pylock.kimi.toml"  # uv wants the PEP 751 file name
-        lock.write_bytes((REPO / "lockfiles" / "kimi-nvfp4.pylock.toml").read_bytes())
-        subprocess.run([uv, "venv", "-q", "-p", "3.11", str(venv)], check=True, env=env)
-        subprocess.run(
-            [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(lock)],
-            check=True,
-            env=env,
-        )
+    lock = REPO / "lockfiles" / "pylock.kimi-nvfp4.toml"  # a PEP 751 name: uv reads it as is
+    subprocess.run([uv, "venv", "-q", "-p", "3.11", str(venv)], check=True, env=env)
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(lock)],
+        check=True,
+        env=env,
+    )
 
 
 def run(code: str, *args: str, cache: str) -> dict[str, Any]:
