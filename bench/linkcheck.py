@@ -70,15 +70,13 @@ def make_venv(venv: Path) -> None:
 
     uv = proc.find_uv()
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
-    with tempfile.TemporaryDirectory() as tmp:
-        lock = Path(tmp) / "pylock.kimi.toml"  # uv wants the PEP 751 file name
-        lock.write_bytes((REPO / "lockfiles" / "pylock.kimi-nvfp4.toml").read_bytes())
-        subprocess.run([uv, "venv", "-q", "-p", "3.11", str(venv)], check=True, env=env)
-        subprocess.run(
-            [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(lock)],
-            check=True,
-            env=env,
-        )
+    lock = REPO / "lockfiles" / "pylock.kimi-nvfp4.toml"  # a PEP 751 name: uv reads it as is
+    subprocess.run([uv, "venv", "-q", "-p", "3.11", str(venv)], check=True, env=env)
+    subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-r", str(lock)],
+        check=True,
+        env=env,
+    )
 
 
 def run(code: str, *args: str, cache: str) -> dict[str, Any]:
