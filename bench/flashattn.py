@@ -249,6 +249,16 @@ def _cpu_seconds() -> float | None:
     return None
 
 
+def _build_alive() -> bool:
+    """Whether the process bench/out/build.pid names is still alive."""
+    try:
+        pid = int((OUT / "build.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
 def _earlier(jobs_file: Path) -> dict[str, Any]:
     """What a stopped earlier run (its files renamed ``attempt*``) measured."""
     name = jobs_file.name.removesuffix(".jobs.json")
@@ -431,9 +441,10 @@ def record(args: argparse.Namespace) -> int:
         if "cpu" not in figures and RESULT.exists():
             figures["cpu"] = json.loads(RESULT.read_text()).get("cpu")
         figures["finished"] = False
-        figures["state"] = (
-            "running" if done is None else f"ended without a wheel: {done.get('error')}"
-        )
+        if done is not None:
+            figures["state"] = f"ended without a wheel: {done.get('error')}"
+        else:  # no record of its end: running, or stopped (killed) while it ran
+            figures["state"] = "running" if _build_alive() else "stopped before it finished"
     figures["earlier_runs"] = [_earlier(p) for p in sorted(OUT.glob("attempt*.jobs.json"))]
     RESULT.parent.mkdir(exist_ok=True)
     RESULT.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
