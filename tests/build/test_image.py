@@ -375,3 +375,16 @@ def test_bumping_one_small_package_rebuilds_only_its_layer(
     ]
     assert changed == holding and len(holding) == 1
     assert bumped["image"] != quickstart.manifest["image"]
+
+
+def test_a_verbose_build_shows_each_stage_and_the_wall_time(quickstart: Built) -> None:
+    """The printed time is the wall time; the stage times (which overlap) are shown by -v."""
+    done = envbuild(
+        "-v", "build", *GZIP, "--store", quickstart.store, "--output", quickstart.output, SPEC
+    )
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stderr.splitlines() if "stages: " in x)
+    for name in ("plan", "layers", "image", "root"):
+        assert f"{name} " in line, line
+    assert "; wall " in line
+    assert done.stdout.strip() == quickstart.manifest["image"]
