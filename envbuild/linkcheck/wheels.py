@@ -12,12 +12,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import posixpath
 import shutil
 import stat
 import tarfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,39 +134,64 @@ def wheel_entries(
     entries: dict[str, tuple[str | None, str | None]] = {}
     names: set[str] = set()
     owners: dict[str, tuple[str, str]] = {}
+    pending: dict[str, tuple[Wheel, str]] = {}  # what to take out: the last wheel's member
     for wheel in wheels:
         leave = (leaves or {}).get(wheel.dist, frozenset())
         key = _key(wheel.sha256, target.key(), sorted(leave)) if wheel.sha256 else None
-        try:
-            members = _cached_members(cache.get_doc("wheels", key)) if key else None
-            zf: zipfile.ZipFile | None = None
-            if members is None:
-                zf = zipfile.ZipFile(wheel.path)
-                members = _members(zf, target, leave)
-                if key:
-                    cache.put_doc("wheels", key, [list(m) for m in members])
+        members = _cached_members(cache.get_doc("wheels", key)) if key else None
+        if members is None:
             try:
-                for env, member, digest, elf in members:
-                    owners[env] = (wheel.dist, wheel.version)
-                    if not elf:
-                        names.add(env)
-                        continue
-                    if digest is not None and cache.get(digest)[0]:
-                        entries[env] = (None, digest)
-                        continue
-                    if zf is None:
-                        zf = zipfile.ZipFile(wheel.path)
+                with zipfile.ZipFile(wheel.path) as zf:
+                    members = _members(zf, target, leave)
+            except (OSError, zipfile.BadZipFile, KeyError) as exc:
+                raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+            if key:
+                cache.put_doc("wheels", key, [list(m) for m in members])
+        for env, member, digest, elf in members:
+            owners[env] = (wheel.dist, wheel.version)
+            if not elf:
+                names.add(env)
+                continue
+            if digest is not None and cache.get(digest)[0]:
+                entries[env] = (None, digest)
+                pending.pop(env, None)
+                continue
+            entries[env] = (str(work / env.lstrip("/")), None)
+            pending[env] = (wheel, member)
+    _take_out(pending, work)
+    return entries, names, owners
+
+
+def _take_out(pending: Mapping[str, tuple[Wheel, str]], work: Path) -> None:
+    """Inflate each ``{path in the image: (wheel, member)}`` to that path under ``work``, a
+    thread per core and wheel (zlib and the writes release the GIL), the biggest wheels first."""
+    by_wheel: dict[Path, tuple[Wheel, list[tuple[str, str]]]] = {}
+    for env, (wheel, member) in pending.items():
+        by_wheel.setdefault(wheel.path, (wheel, []))[1].append((env, member))
+
+    def one(job: tuple[Wheel, list[tuple[str, str]]]) -> None:
+        wheel, members = job
+        try:
+            with zipfile.ZipFile(wheel.path) as zf:
+                for env, member in members:
                     here = work / env.lstrip("/")
                     here.parent.mkdir(parents=True, exist_ok=True)
                     with zf.open(member) as src, here.open("wb") as dst:
                         shutil.copyfileobj(src, dst, 1 << 20)
-                    entries[env] = (str(here), None)
-            finally:
-                if zf is not None:
-                    zf.close()
         except (OSError, zipfile.BadZipFile, KeyError) as exc:
             raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
-    return entries, names, owners
+
+    jobs = sorted(by_wheel.values(), key=lambda j: -_size(j[0].path))
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1) or 1) as pool:
+        for _ in pool.map(one, jobs):
+            pass
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def base_system(

@@ -153,3 +153,22 @@ def test_a_damaged_base_listing_is_a_miss(
     (entry,) = docs(tmp / "cache", "base")
     damage(entry, cut, at)
     assert base_system(layers, cache=cache, digests=["sha256:1"]) == plain
+
+
+def test_members_taken_out_in_parallel_are_the_last_wheels(tmp_path: Path) -> None:
+    """Two wheels installing one path: the check reads the later wheel's bytes (it wins in the
+    image, as with one wheel after another), whichever thread inflates first."""
+    one, one_sha = make_wheel(tmp_path / "one.whl", {"pkg/_a.so": b"\x7fELF first" * 1000})
+    two, two_sha = make_wheel(tmp_path / "two.whl", {"pkg/_a.so": b"\x7fELF second"})
+    for cache in (Cache(None), Cache(tmp_path / "cache")):
+        work = tmp_path / f"work-{cache.root is None}"
+        entries, _, owners = wheel_entries(
+            [Wheel("one", "1", one, one_sha), Wheel("two", "2", two, two_sha)],
+            VenvTarget(),
+            work,
+            cache,
+        )
+        ((env, (path, digest)),) = entries.items()
+        assert digest is None and path is not None
+        assert Path(path).read_bytes() == b"\x7fELF second"
+        assert owners[env] == ("two", "2")
