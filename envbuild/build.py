@@ -726,7 +726,7 @@ def _links(
     def builder() -> Output:
         if missing := [low.by_sha[s] for s in dists if s not in blobs and s in low.by_sha]:
             blobs.update(fetch_wheels(missing, store, progress=progress))
-        wheels = [Wheel(d.name, d.version, blobs[s]) for s, d in sorted(dists.items())]
+        wheels = [Wheel(d.name, d.version, blobs[s], s) for s, d in sorted(dists.items())]
         torch = next((d.version for d in dists.values() if d.name == "torch"), None)
         base = [(store.blob_path(layer.digest), layer.media_type) for layer in low.base.layers]
         with (
@@ -741,6 +741,7 @@ def _links(
                 cache=linkcheck.Cache(linkcheck.default_cache()),
                 torch=torch,
                 leaves=low.leaves,
+                base_digests=[layer.digest for layer in low.base.layers],
             )
             task.advance(len(wheels))
         return Output(

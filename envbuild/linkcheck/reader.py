@@ -89,6 +89,26 @@ class Cache:
         data = {"digest": digest, "info": info.as_dict() if info is not None else None}
         _write(entry, json.dumps(data, separators=(",", ":")).encode())
 
+    def get_doc(self, kind: str, key: str) -> Any | None:
+        """A document put under ``kind``/``key`` (a listing, a path map), or None: absent, or
+        damaged (not JSON, another key's, or its payload not matching the sha256 it states)."""
+        if self.root is None:
+            return None
+        try:
+            data = json.loads((self.root / f"v{CACHE_FORMAT}" / kind / f"{key}.json").read_bytes())
+            body = data["data"]
+            if data.get("key") != key or data.get("sha256") != _doc_digest(body):
+                return None
+            return body
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put_doc(self, kind: str, key: str, body: Any) -> None:
+        if self.root is not None:
+            doc = {"key": key, "sha256": _doc_digest(body), "data": body}
+            path = self.root / f"v{CACHE_FORMAT}" / kind / f"{key}.json"
+            _write(path, json.dumps(doc, separators=(",", ":")).encode())
+
     def stats(self, key: str) -> dict[str, list[Any]]:
         """The remembered ``{path: [size, mtime_ns, inode, digest]}`` of one tree."""
         if self.root is None:
@@ -111,6 +131,12 @@ class CacheDamaged(EnvironmentFailure):
         super().__init__(
             f"{path}: damaged link-check cache entry ({why})", hint=f"remove {path.parent}"
         )
+
+
+def _doc_digest(body: Any) -> str:
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:

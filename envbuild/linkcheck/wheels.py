@@ -10,12 +10,16 @@ cache does not know them by their RECORD sha256 — and the names in the base's 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
+import os
 import posixpath
 import shutil
 import stat
 import tarfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,12 +32,17 @@ from envbuild.linkcheck.reader import Cache
 #: Listing a base layer stops after this many members (a bound on a hostile layer).
 MAX_MEMBERS = 2_000_000
 
+#: Bumped whenever what a cached wheel map or base listing holds, or how it is made, changes.
+MAP_FORMAT = 1
+
 
 @dataclass(frozen=True)
 class Wheel:
     dist: str
     version: str
     path: Path
+    #: The wheel's sha256 (the lock's): its member map is then cached.
+    sha256: str | None = None
 
 
 def _digest(record_hash: str) -> str | None:
@@ -66,6 +75,50 @@ def _records(zf: zipfile.ZipFile) -> dict[str, str]:
     return {row[0]: row[1] for row in rows if len(row) > 1}
 
 
+def _key(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([MAP_FORMAT, *parts], sort_keys=True).encode()).hexdigest()
+
+
+def _members(
+    zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str]
+) -> list[tuple[str, str, str | None, bool]]:
+    """A wheel's installed members in its order: (path in the image, member, RECORD sha256,
+    may be ELF)."""
+    hashes = _records(zf)
+    out: list[tuple[str, str, str | None, bool]] = []
+    venv = target.venv.rstrip("/")
+    for info in zf.infolist():
+        if info.is_dir():
+            continue
+        rel = member_path(info.filename, target)
+        if rel is None or rel in leave:
+            continue
+        env = posixpath.normpath(f"{venv}/{rel}")
+        if not env.startswith(venv + "/"):
+            continue  # a member that climbs out: install refuses it anyway
+        mode = info.external_attr >> 16
+        elf = _maybe_elf(info.filename, mode) and not stat.S_ISLNK(mode)
+        digest = _digest(hashes.get(info.filename, "")) if elf else None
+        out.append((env, info.filename, digest, elf))
+    return out
+
+
+def _cached_members(body: object) -> list[tuple[str, str, str | None, bool]] | None:
+    if not isinstance(body, list):
+        return None
+    out = []
+    for row in body:
+        if not (isinstance(row, list) and len(row) == 4):
+            return None
+        env, member, digest, elf = row
+        if not (isinstance(env, str) and isinstance(member, str) and isinstance(elf, bool)):
+            return None
+        if digest is not None and not isinstance(digest, str):
+            return None
+        out.append((env, member, digest, elf))
+    return out
+
+
 def wheel_entries(
     wheels: Iterable[Wheel],
     target: VenvTarget,
@@ -75,44 +128,97 @@ def wheel_entries(
 ) -> tuple[dict[str, tuple[str | None, str | None]], set[str], dict[str, tuple[str, str]]]:
     """The entries for :func:`~envbuild.linkcheck.check_entries`: each wheel's members that may
     be ELF, by their path in the image; the others' paths; and the owners. ``leaves`` are the
-    paths (relative to the venv) a distribution's layer leaves out (it lost an overlap)."""
+    paths (relative to the venv) a distribution's layer leaves out (it lost an overlap). A
+    wheel whose sha256 is known has its member map kept in ``cache`` under that sha256, the
+    target and its leaves: a later check opens only the wheels with ELF members to read."""
     entries: dict[str, tuple[str | None, str | None]] = {}
     names: set[str] = set()
     owners: dict[str, tuple[str, str]] = {}
-    venv = target.venv.rstrip("/")
+    pending: dict[str, tuple[Wheel, str]] = {}  # what to take out: the last wheel's member
     for wheel in wheels:
-        try:
-            with zipfile.ZipFile(wheel.path) as zf:
-                hashes = _records(zf)
-                for info in zf.infolist():
-                    if info.is_dir():
-                        continue
-                    rel = member_path(info.filename, target)
-                    if rel is None or rel in (leaves or {}).get(wheel.dist, ()):
-                        continue
-                    env = posixpath.normpath(f"{venv}/{rel}")
-                    if not env.startswith(venv + "/"):
-                        continue  # a member that climbs out: install refuses it anyway
-                    owners[env] = (wheel.dist, wheel.version)
-                    mode = info.external_attr >> 16
-                    if not _maybe_elf(info.filename, mode) or stat.S_ISLNK(mode):
-                        names.add(env)
-                        continue
-                    digest = _digest(hashes.get(info.filename, ""))
-                    if digest is not None and cache.get(digest)[0]:
-                        entries[env] = (None, digest)
-                        continue
-                    here = work / env.lstrip("/")
-                    here.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(info) as src, here.open("wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
-                    entries[env] = (str(here), None)
-        except (OSError, zipfile.BadZipFile, KeyError) as exc:
-            raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+        leave = (leaves or {}).get(wheel.dist, frozenset())
+        key = _key(wheel.sha256, target.key(), sorted(leave)) if wheel.sha256 else None
+        members = _cached_members(cache.get_doc("wheels", key)) if key else None
+        if members is None:
+            try:
+                with zipfile.ZipFile(wheel.path) as zf:
+                    members = _members(zf, target, leave)
+            except (OSError, zipfile.BadZipFile, KeyError) as exc:
+                raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+            if key:
+                cache.put_doc("wheels", key, [list(m) for m in members])
+        for env, member, digest, elf in members:
+            owners[env] = (wheel.dist, wheel.version)
+            if not elf:
+                names.add(env)
+                continue
+            if digest is not None and cache.get(digest)[0]:
+                entries[env] = (None, digest)
+                pending.pop(env, None)
+                continue
+            entries[env] = (str(work / env.lstrip("/")), None)
+            pending[env] = (wheel, member)
+    _take_out(pending, work)
     return entries, names, owners
 
 
-def base_system(layers: Sequence[tuple[Path, str]]) -> tuple[list[str], frozenset[str]]:
+def _take_out(pending: Mapping[str, tuple[Wheel, str]], work: Path) -> None:
+    """Inflate each ``{path in the image: (wheel, member)}`` to that path under ``work``, a
+    thread per core and wheel (zlib and the writes release the GIL), the biggest wheels first."""
+    by_wheel: dict[Path, tuple[Wheel, list[tuple[str, str]]]] = {}
+    for env, (wheel, member) in pending.items():
+        by_wheel.setdefault(wheel.path, (wheel, []))[1].append((env, member))
+
+    def one(job: tuple[Wheel, list[tuple[str, str]]]) -> None:
+        wheel, members = job
+        try:
+            with zipfile.ZipFile(wheel.path) as zf:
+                for env, member in members:
+                    here = work / env.lstrip("/")
+                    here.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(member) as src, here.open("wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+        except (OSError, zipfile.BadZipFile, KeyError) as exc:
+            raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+
+    jobs = sorted(by_wheel.values(), key=lambda j: -_size(j[0].path))
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1) or 1) as pool:
+        for _ in pool.map(one, jobs):
+            pass
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def base_system(
+    layers: Sequence[tuple[Path, str]],
+    *,
+    cache: Cache | None = None,
+    digests: Sequence[str] | None = None,
+) -> tuple[list[str], frozenset[str]]:
+    """:func:`_base_system`, kept in ``cache`` under the layers' ``digests`` (their content
+    addresses in the store) when they are given: a later check decompresses no layer."""
+    key = _key("base", list(digests), SYSTEM_DIRS, MAX_MEMBERS) if digests is not None else None
+    if cache is not None and key is not None:
+        body = cache.get_doc("base", key)
+        if (
+            isinstance(body, dict)
+            and isinstance(dirs := body.get("dirs"), list)
+            and isinstance(listing := body.get("listing"), list)
+            and all(isinstance(x, str) for x in [*dirs, *listing])
+        ):
+            return dirs, frozenset(listing)
+    dirs, listing = _base_system(layers)
+    if cache is not None and key is not None:
+        cache.put_doc("base", key, {"dirs": dirs, "listing": sorted(listing)})
+    return dirs, listing
+
+
+def _base_system(layers: Sequence[tuple[Path, str]]) -> tuple[list[str], frozenset[str]]:
     """The library folders of a base made of ``layers`` (blob path, media type; lowest first)
     and the paths in them, whiteouts applied; a folder that is a symlink (``/lib`` ->
     ``usr/lib`` in a merged-/usr Debian) shows the target's entries under its own name too."""
@@ -171,15 +277,16 @@ def check_image(
     cache: Cache,
     torch: str | None = None,
     leaves: Mapping[str, frozenset[str]] | None = None,
+    base_digests: Sequence[str] | None = None,
 ) -> Report:
     """The link check of the image the build makes (nothing accepted: the spec's rules apply
-    to the report)."""
+    to the report). ``base_digests``: the base layers' digests, to cache their listing by."""
     entries, names, owners = wheel_entries(wheels, target, work, cache, leaves)
     return check_entries(
         entries,
         names=frozenset(names),
         owners=owners,
-        system=base_system(base_layers),
+        system=base_system(base_layers, cache=cache, digests=base_digests),
         torch=torch,
         cache=cache,
     )

@@ -1,0 +1,174 @@
+"""The build's link check keeps each wheel's member map (by the wheel's sha256, the target and
+what its layer leaves out) and each base's library listing (by its layers' digests) in the
+link-check cache: a hit gives what reading the wheel or layer gives, a damaged entry (cut short,
+bytes changed, another key's) is a miss, and another wheel or base is never served from it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envbuild.install import VenvTarget
+from envbuild.linkcheck.reader import Cache
+from envbuild.linkcheck.wheels import Wheel, base_system, wheel_entries
+from tests.linkcheck.test_image_inputs import layer
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(path: Path, files: dict[str, bytes]) -> tuple[Path, str]:
+    with zipfile.ZipFile(path, "w") as zf:
+        rows = []
+        for name, data in files.items():
+            zf.writestr(name, data)
+            rows.append(f"{name},{record_hash(data)},{len(data)}")
+        zf.writestr("pkg-1.0.dist-info/RECORD", "\n".join(rows) + "\n")
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def entries_of(wheel: Path, sha: str | None, cache: Cache, work: Path, **kw: object) -> object:
+    entries, names, owners = wheel_entries(
+        [Wheel("pkg", "1.0", wheel, sha)],
+        VenvTarget(),
+        work,
+        cache,
+        **kw,  # type: ignore[arg-type]
+    )
+    # a member taken out lands under ``work``: compare what the check sees, not where
+    return {k: (v[0] is not None, v[1]) for k, v in entries.items()}, names, owners
+
+
+def damage(entry: Path, cut: bool, at: int) -> None:
+    """Cut ``entry`` short at ``at``, or change one byte's case there (a path, a digest)."""
+    data = bytearray(entry.read_bytes())
+    at %= len(data)
+    if not cut:
+        data[at] ^= 0x20
+    entry.write_bytes(bytes(data[:at] if cut else data))
+
+
+def docs(cache: Path, kind: str) -> list[Path]:
+    return sorted(cache.glob(f"v*/{kind}/*.json"))
+
+
+FILES = {"pkg/_a.so": b"\x7fELF one", "pkg/b.py": b"x = 1\n", "pkg/libc.so.1": b"\x7fELF two"}
+
+
+def test_a_wheel_map_hit_gives_what_the_wheel_gives(tmp_path: Path) -> None:
+    wheel, sha = make_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", FILES)
+    plain = entries_of(wheel, None, Cache(None), tmp_path / "w0")
+    cache = Cache(tmp_path / "cache")
+    assert entries_of(wheel, sha, cache, tmp_path / "w1") == plain
+    assert len(docs(tmp_path / "cache", "wheels")) == 1
+    assert entries_of(wheel, sha, cache, tmp_path / "w2") == plain  # from the map
+    # with its ELF members' facts cached too, a mapped wheel is not even opened
+    for data in (FILES["pkg/_a.so"], FILES["pkg/libc.so.1"]):
+        cache.put(hashlib.sha256(data).hexdigest(), None)
+    wheel.unlink()
+    entries, names, owners = entries_of(wheel, sha, cache, tmp_path / "w3")  # type: ignore[misc]
+    assert entries == {
+        k: (False, hashlib.sha256(FILES[k.split("site-packages/")[1]]).hexdigest())
+        for k in plain[0]
+    }  # type: ignore[index]
+    assert (names, owners) == plain[1:]  # type: ignore[index]
+
+
+def test_leaves_and_another_wheel_are_other_keys(tmp_path: Path) -> None:
+    wheel, sha = make_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", FILES)
+    cache = Cache(tmp_path / "cache")
+    entries_of(wheel, sha, cache, tmp_path / "w1")
+    leave = {"pkg": frozenset({"lib/python3.11/site-packages/pkg/_a.so"})}
+    left = entries_of(wheel, sha, cache, tmp_path / "w2", leaves=leave)
+    assert left == entries_of(wheel, None, Cache(None), tmp_path / "w3", leaves=leave)
+    assert "/opt/venv/lib/python3.11/site-packages/pkg/_a.so" not in left[0]  # type: ignore[index]
+    other, other_sha = make_wheel(tmp_path / "other.whl", {"pkg/_z.so": b"\x7fELF three"})
+    got = entries_of(other, other_sha, cache, tmp_path / "w4")
+    assert got == entries_of(other, None, Cache(None), tmp_path / "w5")
+    assert len(docs(tmp_path / "cache", "wheels")) == 3
+
+
+@settings(max_examples=25, deadline=None)
+@given(cut=st.booleans(), at=st.integers(0, 10**6))
+def test_a_damaged_wheel_map_is_a_miss(
+    tmp_path_factory: pytest.TempPathFactory, cut: bool, at: int
+) -> None:
+    tmp = tmp_path_factory.mktemp("map")
+    wheel, sha = make_wheel(tmp / "pkg-1.0-py3-none-any.whl", FILES)
+    plain = entries_of(wheel, None, Cache(None), tmp / "w0")
+    cache = Cache(tmp / "cache")
+    entries_of(wheel, sha, cache, tmp / "w1")
+    (entry,) = docs(tmp / "cache", "wheels")
+    damage(entry, cut, at)
+    assert entries_of(wheel, sha, cache, tmp / "w2") == plain
+
+
+def test_a_wheel_map_of_another_key_is_a_miss(tmp_path: Path) -> None:
+    wheel, sha = make_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", FILES)
+    other, other_sha = make_wheel(tmp_path / "other.whl", {"pkg/_z.so": b"\x7fELF three"})
+    cache = Cache(tmp_path / "cache")
+    entries_of(wheel, sha, cache, tmp_path / "w1")
+    (mine,) = docs(tmp_path / "cache", "wheels")
+    entries_of(other, other_sha, cache, tmp_path / "w2")
+    (theirs,) = set(docs(tmp_path / "cache", "wheels")) - {mine}
+    mine.write_bytes(theirs.read_bytes())  # a whole, valid entry, but another wheel's
+    assert entries_of(wheel, sha, cache, tmp_path / "w3") == entries_of(
+        wheel, None, Cache(None), tmp_path / "w4"
+    )
+
+
+def base(tmp: Path, libs: list[str]) -> list[tuple[Path, str]]:
+    return [layer(tmp / "l.tar", [(f"usr/lib/x86_64-linux-gnu/{n}", "f", "") for n in libs])]
+
+
+def test_a_base_listing_hit_and_another_base(tmp_path: Path) -> None:
+    cache = Cache(tmp_path / "cache")
+    one = base(tmp_path, ["libc.so.6"])
+    first = base_system(one, cache=cache, digests=["sha256:1"])
+    assert first == base_system(one)
+    (tmp_path / "l.tar").unlink()  # a hit reads no layer
+    assert base_system(one, cache=cache, digests=["sha256:1"]) == first
+    two = base(tmp_path, ["libm.so.6"])  # another base: its own digest, its own listing
+    got = base_system(two, cache=cache, digests=["sha256:2"])
+    assert got == base_system(two) != first
+
+
+@settings(max_examples=25, deadline=None)
+@given(cut=st.booleans(), at=st.integers(0, 10**6))
+def test_a_damaged_base_listing_is_a_miss(
+    tmp_path_factory: pytest.TempPathFactory, cut: bool, at: int
+) -> None:
+    tmp = tmp_path_factory.mktemp("base")
+    cache = Cache(tmp / "cache")
+    layers = base(tmp, ["libc.so.6", "libm.so.6"])
+    plain = base_system(layers)
+    base_system(layers, cache=cache, digests=["sha256:1"])
+    (entry,) = docs(tmp / "cache", "base")
+    damage(entry, cut, at)
+    assert base_system(layers, cache=cache, digests=["sha256:1"]) == plain
+
+
+def test_members_taken_out_in_parallel_are_the_last_wheels(tmp_path: Path) -> None:
+    """Two wheels installing one path: the check reads the later wheel's bytes (it wins in the
+    image, as with one wheel after another), whichever thread inflates first."""
+    one, one_sha = make_wheel(tmp_path / "one.whl", {"pkg/_a.so": b"\x7fELF first" * 1000})
+    two, two_sha = make_wheel(tmp_path / "two.whl", {"pkg/_a.so": b"\x7fELF second"})
+    for cache in (Cache(None), Cache(tmp_path / "cache")):
+        work = tmp_path / f"work-{cache.root is None}"
+        entries, _, owners = wheel_entries(
+            [Wheel("one", "1", one, one_sha), Wheel("two", "2", two, two_sha)],
+            VenvTarget(),
+            work,
+            cache,
+        )
+        ((env, (path, digest)),) = entries.items()
+        assert digest is None and path is not None
+        assert Path(path).read_bytes() == b"\x7fELF second"
+        assert owners[env] == ("two", "2")
