@@ -82,7 +82,21 @@ def private_dockerd(folder: Path | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        _unmount_below(root)  # dockerd leaves exec/netns/default mounted: rmtree cannot remove it
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _unmount_below(root: Path) -> None:
+    """Unmount what is mounted at or below ``root``, deepest first (best effort)."""
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return
+    prefix = str(root.resolve())
+    points = [line.split()[1] for line in lines if len(line.split()) > 1]
+    below = [p for p in points if p == prefix or p.startswith(prefix + "/")]
+    for point in sorted(below, key=len, reverse=True):
+        subprocess.run(["umount", point], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="session")
