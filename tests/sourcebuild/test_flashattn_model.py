@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import logging
-import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sourcebuild.conftest import request
+from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
-from envbuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
+from envbuild.builder import Toolchain
 from envbuild.errors import InputFileError, IntegrityError, ToolNotFound, UserError
 from envbuild.fsio import sha256_file
 from envbuild.sourcebuild import (
@@ -53,26 +53,8 @@ TORCH = TorchRef(
 GB = 10**9
 
 
-class Recording(Builder):
-    """Builds nothing: keeps each job, returns a ready wheel."""
-
-    mode = "recording"
-
-    def __init__(self, wheel: Path) -> None:
-        self.wheel = wheel
-        self.jobs: list[BuildJob] = []
-
-    def identity(self) -> dict[str, str]:
-        return {"mode": self.mode}
-
-    def probe(self, *, cuda: bool) -> Toolchain:
-        return TOOLCHAIN
-
-    def build(self, job: BuildJob) -> BuildOutcome:
-        self.jobs.append(job)
-        out = job.out_dir / self.wheel.name
-        shutil.copyfile(self.wheel, out)
-        return BuildOutcome(0, "built\n", out)
+def recording(wheel: Path) -> RecordingBuilder:
+    return RecordingBuilder(wheel, TOOLCHAIN)
 
 
 def flash(sdist: FileRef, env: dict[str, str], **kw: object) -> SourceBuildRequest:
@@ -80,7 +62,7 @@ def flash(sdist: FileRef, env: dict[str, str], **kw: object) -> SourceBuildReque
 
 
 def key(req: SourceBuildRequest) -> str:
-    return derivation_key("source-build", inputs_of(req, TOOLCHAIN, Recording(Path())))
+    return derivation_key("source-build", inputs_of(req, TOOLCHAIN, recording(Path())))
 
 
 ARCHS = {"FLASH_ATTN_CUDA_ARCHS": "120", "TORCH_CUDA_ARCH_LIST": "12.0"}
@@ -108,7 +90,7 @@ def test_an_arch_changes_the_key_and_the_flags_still_reach_the_build(
     pinned = flash(sdist, {**ARCHS, "MAX_JOBS": "16", "NVCC_THREADS": "4"})
     assert key(flash(sdist, {**ARCHS, "FLASH_ATTN_CUDA_ARCHS": "90;120"})) != key(pinned)
     store = Store(tmp_path / "store")
-    builder = Recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
+    builder = recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
     first = realize(pinned, builder, store)
     (job,) = builder.jobs
     assert (job.env["MAX_JOBS"], job.env["NVCC_THREADS"]) == ("16", "4")
@@ -156,7 +138,7 @@ def test_a_pinned_max_jobs_that_does_not_fit_is_warned_at_build_start(
     assert text is not None
     assert f"MAX_JOBS=16 x NVCC_THREADS=4 needs about {16 * plan.per_job_bytes / GB:.1f} GB" in text
     assert "24.0 GB is available" in text and "a safe value here is MAX_JOBS=2" in text
-    builder = Recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
+    builder = recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
     with caplog.at_level(logging.WARNING, logger="envbuild.sourcebuild"):
         realize(req, builder, Store(tmp_path / "store"), memory=24 * GB)
     (warned,) = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -174,10 +156,10 @@ def test_cxx20_patch_is_keyed_only_for_torch_that_needs_it(
     new = flash(sdist, ARCHS, torch=TORCH)
     (patch,) = sdist_patches(new)
     assert patch.name == "flash-attn-2.8.3.post2-cxx20.patch"
-    assert inputs_of(new, TOOLCHAIN, Recording(Path()))["source_patches"] == [patch.model_dump()]
+    assert inputs_of(new, TOOLCHAIN, recording(Path()))["source_patches"] == [patch.model_dump()]
     old = flash(sdist, ARCHS, torch=TORCH.model_copy(update={"version": "2.12.1"}))
     assert sdist_patches(old) == [] and "source_patches" not in inputs_of(
-        old, TOOLCHAIN, Recording(Path())
+        old, TOOLCHAIN, recording(Path())
     )
     assert sdist_patches(flash(sdist, ARCHS)) == []  # no torch: nothing to match
     other = request(sdist, "fixture-cext", torch=TORCH)

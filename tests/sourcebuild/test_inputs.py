@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sourcebuild.conftest import cext_lock, request, store_state, write_cext_spec
+from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
-from envbuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
+from envbuild.builder import Toolchain
 from envbuild.errors import UserError
 from envbuild.lock.model import (
     Hashes,
@@ -51,26 +51,8 @@ SEEN = ["filelock==3.20.0", "mpmath==1.3.0", "sympy==1.14.0", "torch==2.14.0"]
 TOOLCHAIN = Toolchain(python="3.11.9", compilers={"gcc": "12.2.0", "g++": "12.2.0"})
 
 
-class RecordingBuilder(Builder):
-    """Builds nothing: each job is kept, and a ready wheel of the fixture is its output."""
-
-    mode = "recording"
-
-    def __init__(self, wheel: Path) -> None:
-        self.wheel = wheel
-        self.jobs: list[BuildJob] = []
-
-    def identity(self) -> dict[str, str]:
-        return {"mode": self.mode}
-
-    def probe(self, *, cuda: bool) -> Toolchain:
-        return TOOLCHAIN
-
-    def build(self, job: BuildJob) -> BuildOutcome:
-        self.jobs.append(job)
-        out = job.out_dir / self.wheel.name
-        shutil.copyfile(self.wheel, out)
-        return BuildOutcome(0, "built\n", out)
+def builder_for(wheel: Path) -> RecordingBuilder:
+    return RecordingBuilder(wheel, TOOLCHAIN)
 
 
 def locked(where: Path, name: str, version: str, requires: tuple[str, ...]) -> LockedPackage:
@@ -111,12 +93,12 @@ def lock_with(
 
 
 def key_of(req: SourceBuildRequest) -> str:
-    return derivation_key("source-build", inputs_of(req, TOOLCHAIN, RecordingBuilder(Path())))
+    return derivation_key("source-build", inputs_of(req, TOOLCHAIN, builder_for(Path())))
 
 
 def changed(old: SourceBuildRequest, new: SourceBuildRequest) -> list[str]:
     """What a rebuild of ``new`` after ``old`` says changed."""
-    builder = RecordingBuilder(Path())
+    builder = builder_for(Path())
     before, after = inputs_of(old, TOOLCHAIN, builder), inputs_of(new, TOOLCHAIN, builder)
     return [c.render() for c in diff_inputs(before, after)]
 
@@ -169,7 +151,7 @@ def test_a_bump_no_build_can_see_reuses_the_build(
     demo: LoadedSpec, lock_with: Callable[..., Lock], tmp_path: Path
 ) -> None:
     store = Store(tmp_path / "store")
-    builder = RecordingBuilder(make_wheel(tmp_path / "out", "fixture-cext", "1.0.0", {}))
+    builder = builder_for(make_wheel(tmp_path / "out", "fixture-cext", "1.0.0", {}))
     first = realize(only_request(demo, lock_with()), builder, store)
     (job,) = builder.jobs
     assert job.constraints == SEEN  # the build venv is pinned to exactly what the key holds
@@ -218,7 +200,7 @@ def test_flags_that_are_not_counts_are_the_specs_mistake(
 ) -> None:
     store = Store(tmp_path / "store")
     before = store_state(store)
-    builder = RecordingBuilder(make_wheel(tmp_path / "out", "fixture-cext", "1.0.0", {}))
+    builder = builder_for(make_wheel(tmp_path / "out", "fixture-cext", "1.0.0", {}))
     req = request(sdists("cext"), "fixture-cext", env=env, where="specs/x.toml:7")
     with pytest.raises(UserError) as err:  # not a ValueError: exit 2, not 4
         realize(req, builder, store)
