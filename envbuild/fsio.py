@@ -63,6 +63,15 @@ def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
         raise
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder ``path`` (a rename, an unlink) reach the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
     with atomic_writer(path, mode) as f:
         f.write(data.encode() if isinstance(data, str) else data)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import __version__, image, layers
 from envbuild.errors import EnvironmentFailure, OutputError
-from envbuild.fsio import canonical_json, write_atomic
+from envbuild.fsio import canonical_json, fsync_dir, write_atomic
 from envbuild.plan import Plan
 from envbuild.store import Root, Store, file_stamp, output_root_name
 
@@ -242,7 +242,7 @@ def write_outputs(
     else:
         archive.unlink(missing_ok=True)  # it would hold another image
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
-    _fsync_dir(out)
+    fsync_dir(out)
     return manifest
 
 
@@ -377,20 +377,12 @@ def _invalidate(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
-        _fsync_dir(out)
+        fsync_dir(out)
     except OSError as exc:
         raise OutputError(
             f"cannot write {out}: {exc.strerror or exc}",
             hint="check that the folder is writable, or choose another with --output",
         ) from exc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _sweep_temps(out: Path) -> None:

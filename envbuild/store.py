@@ -68,7 +68,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.errors import IntegrityError, StoreError, UsageError
-from envbuild.fsio import canonical_json, compact_json
+from envbuild.fsio import canonical_json, compact_json, fsync_dir
 
 log = logging.getLogger("envbuild.store")
 
@@ -436,7 +436,7 @@ class Store:
                 try:
                     os.chmod(tmp, 0o444)
                     os.replace(tmp, final)
-                    _fsync_dir(self.blobs)
+                    fsync_dir(self.blobs)
                 except OSError as exc:
                     raise _store_error(self.root, exc, "storing a blob") from exc
                 self._stamp(hexd, final)  # the bytes under that name were hashed just now
@@ -976,14 +976,6 @@ def _output_holds(root: Root) -> bool:
 
 #: A build manifest bigger than this is not one envbuild wrote (they are kilobytes).
 MAX_MANIFEST = 64 << 20
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _rmtree(path: Path) -> None:

@@ -21,7 +21,7 @@ from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.integrity import GenerationCheck, check_generation
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvironmentFailure
-from envbuild.fsio import canonical_json, sha256_file, write_atomic
+from envbuild.fsio import canonical_json, fsync_dir, sha256_file, write_atomic
 from envbuild.snapshot import pyenv, records
 from envbuild.snapshot.model import PythonEnv
 
@@ -165,7 +165,7 @@ def build(
     write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
     gens.freeze(tmp)
     os.rename(tmp, final)
-    _fsync(paths.generations)
+    fsync_dir(paths.generations)
     log.info("generation %d is complete: %s", number, final)
     return gens.Generation(number, final, meta)
 
@@ -199,11 +199,3 @@ def _in_site(env: PythonEnv, rel: str) -> Path:
         if (Path(site) / rel).exists():
             return Path(site) / rel
     raise EnvironmentFailure(f"{rel} is not in {env.site_packages}")
-
-
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
