@@ -40,13 +40,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from envbuild import build as build_mod  # noqa: E402
-from envbuild import layers  # noqa: E402
-from envbuild.dockerfile import render_dockerfile  # noqa: E402
-from envbuild.install import VenvTarget, install  # noqa: E402
+from envbuild.build import layers  # noqa: E402
+from envbuild.build import pipeline as build_mod  # noqa: E402
+from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
+from envbuild.build.install import VenvTarget, install  # noqa: E402
 from envbuild.lock import lock_path, lock_spec  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
-from envbuild.store import Store  # noqa: E402
+from envbuild.store.core import Store  # noqa: E402
 
 MB = 1e6
 

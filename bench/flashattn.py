@@ -3,7 +3,8 @@
     python bench/flashattn.py build  [--spec specs/glm5-gguf.toml] [--store DIR] [--max-jobs N]
     python bench/flashattn.py record [--store DIR]
 
-``build`` realizes the spec's flash-attn derivation with :func:`envbuild.sourcebuild.realize` and
+``build`` realizes the spec's flash-attn derivation with
+:func:`envbuild.sourcebuild.realise.realize` and
 the host builder, exactly as ``envbuild build`` does, except that ``MAX_JOBS`` is left to
 envbuild's memory model (``--max-jobs N`` pins it instead): ``MAX_JOBS`` and ``NVCC_THREADS`` are
 not inputs of the derivation key, so the wheel is stored under the very key glm5-gguf's build has.
@@ -151,7 +152,7 @@ class Sampler(threading.Thread):
 
 def _request(spec: Path, max_jobs: int | None) -> Any:
     from envbuild.lock import lock_path, read_lock
-    from envbuild.sourceplan import build_requests
+    from envbuild.sourcebuild.requests import build_requests
     from envbuild.spec.load import load_spec
 
     loaded = load_spec(spec)
@@ -164,9 +165,9 @@ def _request(spec: Path, max_jobs: int | None) -> Any:
 
 
 def build(args: argparse.Namespace) -> int:
-    from envbuild.builder import HostBuilder
-    from envbuild.sourcebuild import realize
-    from envbuild.store import Store
+    from envbuild.sourcebuild.builder import HostBuilder
+    from envbuild.sourcebuild.realise import realize
+    from envbuild.store.core import Store
 
     OUT.mkdir(exist_ok=True)
     # the build's own pid and session (start it with setsid: then every process of the build,
@@ -293,9 +294,9 @@ def _stamp(text: str) -> float:
 
 def _toolchain(spec: Path) -> dict[str, Any]:
     """The build's key, torch, nvcc and flags, as envbuild computes them here."""
-    from envbuild.builder import HostBuilder
-    from envbuild.sourcebuild import KIND, inputs_of
-    from envbuild.store import derivation_key
+    from envbuild.sourcebuild.builder import HostBuilder
+    from envbuild.sourcebuild.realise import KIND, inputs_of
+    from envbuild.store.core import derivation_key
 
     loaded, req = _request(spec, None)
     builder = HostBuilder(loaded.spec.python.version)
@@ -325,8 +326,8 @@ def _machine() -> dict[str, Any]:
 
 
 def record(args: argparse.Namespace) -> int:
-    from envbuild.audit import audit_wheel
-    from envbuild.store import Store
+    from envbuild.sourcebuild.audit import audit_wheel
+    from envbuild.store.core import Store
 
     figures: dict[str, Any] = {"machine": _machine()}
     log = LOG.read_text(errors="replace") if LOG.exists() else ""
@@ -425,8 +426,8 @@ def record(args: argparse.Namespace) -> int:
             )
         elif args.cache_hit:
             _, req = _request(args.spec, None)
-            from envbuild.builder import HostBuilder
-            from envbuild.sourcebuild import realize
+            from envbuild.sourcebuild.builder import HostBuilder
+            from envbuild.sourcebuild.realise import realize
 
             t = time.monotonic()
             again = realize(req, HostBuilder("3.11"), store)

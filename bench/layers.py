@@ -53,8 +53,8 @@ HASHED = {
 PACK = """
 import json, resource, shutil, sys, time
 from pathlib import Path
-from envbuild.layers import Compression, layer_from_tree
-from envbuild.store import Store
+from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.store.core import Store
 src, store, compression = sys.argv[1:4]
 shutil.rmtree(store, ignore_errors=True)
 def cpu():

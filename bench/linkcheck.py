@@ -141,8 +141,10 @@ def main() -> None:
                 timed(["xargs", "-0", "-n1", "ldd"], input=b"\0".join(p.encode() for p in paths))
             )
             rows.setdefault(f"ldd per file, xargs -P{cores}", []).append(
-                timed(["xargs", "-0", "-n1", f"-P{cores}", "ldd"],
-                      input=b"\0".join(p.encode() for p in paths))  # fmt: skip
+                timed(
+                    ["xargs", "-0", "-n1", f"-P{cores}", "ldd"],
+                    input=b"\0".join(p.encode() for p in paths),
+                )
             )
             print(f"round {i + 1}: load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     result = {
@@ -151,7 +153,10 @@ def main() -> None:
         "load_average": os.getloadavg(),
         **facts,
         "rows": {
-            k: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v)}
+            k: {
+                "wall_s": statistics.median(w for w, _ in v),
+                "cpu_s": statistics.median(c for _, c in v),
+            }
             for k, v in rows.items()
         },
     }

@@ -6,7 +6,7 @@
 
 The first call builds the image cold into WORK's store with this checkout; every run then
 rebuilds it (nothing to do) once with each checkout, alternating, each in a fresh interpreter
-that times only ``envbuild.build.build`` (imports excluded). Prints the medians and their
+that times only ``envbuild.build.pipeline.build`` (imports excluded). Prints the medians and their
 ratio as JSON. Each checkout has its own copy of the store and the output folder (``cp -a``,
 hard links kept): what one writes cannot make the other's rebuild do more.
 """
@@ -31,9 +31,9 @@ ONE = """
 import sys, time
 sys.path.insert(0, {code!r})
 from pathlib import Path
-from envbuild import build
+from envbuild.build import pipeline as build
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 loaded = load_spec({spec!r})
 start = time.perf_counter()
 r = build.build(loaded, store=Store({store!r}), output=Path({out!r}))

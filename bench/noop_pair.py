@@ -9,7 +9,8 @@ test): for a big image and a checkout whose lock name or format differs, where b
 Each side was built before, without a docker archive (``envbuild build SPEC --store STORE
 --output OUT --no-docker-archive`` by that side's checkout, SPEC in a repository of that
 checkout's lock). The runs alternate; each is a fresh interpreter that times only
-``envbuild.build.build`` (imports and spec loading excluded) and fails if it rebuilt a layer.
+``envbuild.build.pipeline.build`` (imports and spec loading excluded) and fails if it rebuilt a
+layer.
 Prints the medians, ranges, their ratio, the digests and the load averages as JSON.
 """
 
@@ -26,9 +27,9 @@ ONE = """
 import sys, time
 sys.path.insert(0, {code!r})
 from pathlib import Path
-from envbuild import build
+from envbuild.build import pipeline as build
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 loaded = load_spec({spec!r})
 start = time.perf_counter()
 r = build.build(loaded, store=Store(Path({store!r})), output=Path({out!r}), docker_archive=False)

@@ -8,7 +8,8 @@ CLI does not print (not a test).
 ``--redo links`` first forgets the store's link-check derivation (its ``drv/<key>.json``, kind
 ``links``; the report blob stays), so the ``links`` stage checks the image again: cold when
 ``$XDG_CACHE_HOME/envbuild/linkcheck`` is empty, warm when it holds an earlier check's facts.
-The wall time covers ``envbuild.build.build`` only (imports and spec loading excluded). Prints
+The wall time covers ``envbuild.build.pipeline.build`` only (imports and spec loading excluded).
+Prints
 JSON: the wall time, the stages, what was rebuilt, the image digest and the load average.
 """
 
@@ -24,9 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envbuild import build  # noqa: E402
+from envbuild.build import pipeline as build  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
-from envbuild.store import Store  # noqa: E402
+from envbuild.store.core import Store  # noqa: E402
 
 
 def forget(store: Path, kind: str) -> list[str]:

@@ -5,7 +5,8 @@ Each spec is taken on its own: a stale lock or a failed build is reported in the
 the exit code, and the other specs still run. The lock is checked before anything is built (a
 build from a stale lock would not be the image the spec describes). Pushing goes through
 :func:`envbuild.registry.push_image`, so the summary says how many of each image's blobs the
-registry already had. With a remote cache the store is a :class:`~envbuild.cache.CachedStore`:
+registry already had. With a remote cache the store is a
+:class:`~envbuild.store.remote.CachedStore`:
 layers and source builds another machine made are pulled, not rebuilt.
 """
 
@@ -21,13 +22,13 @@ from envbuild.errors import EnvbuildError, ExitCode, UsageError
 from envbuild.registry import Endpoint, ImageRef, Transport, get_transport, push_image
 from envbuild.registry.layout import open_layout, verify_layout
 from envbuild.spec import LoadedSpec, load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 log = logging.getLogger("envbuild.ci")
 
 
 class BuildOutput(Protocol):
-    """What the CI needs of a build's result (:class:`envbuild.build.BuildResult`)."""
+    """What the CI needs of a build's result (:class:`envbuild.build.pipeline.BuildResult`)."""
 
     output: Path | None
     reused: list[str]
@@ -38,7 +39,7 @@ BuildFn = Callable[[LoadedSpec, Store], BuildOutput]
 
 
 def default_build(loaded: LoadedSpec, store: Store) -> BuildOutput:
-    from envbuild.build import build
+    from envbuild.build.pipeline import build
 
     return build(loaded, store=store)
 
@@ -197,7 +198,7 @@ def run_ci(
     check_fn: Callable[[LoadedSpec], list[str]] = default_check,
 ) -> CiReport:
     """Check, build and (with ``push``, a ``REGISTRY/REPO``) push every spec; images are tagged
-    with the spec's name. ``store`` may be a :class:`~envbuild.cache.CachedStore`."""
+    with the spec's name. ``store`` may be a :class:`~envbuild.store.remote.CachedStore`."""
     endpoint = endpoint or Endpoint()
     chosen: list[Transport] = [transport] if transport else []
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from envbuild import proc
 from envbuild.lock import lock_path, read_lock
 from envbuild.lock.model import Lock
-from envbuild.sourceplan import build_requests
+from envbuild.sourcebuild.requests import build_requests
 from envbuild.spec import load_spec
 from envbuild.spec.load import LoadedSpec
 

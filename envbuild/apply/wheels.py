@@ -21,7 +21,7 @@ from envbuild.apply.venv import WHEELS, StoreWheel
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fsio import sha256_file
 from envbuild.spec.load import LoadedSpec
-from envbuild.store import Store, default_store, derivation_key
+from envbuild.store.core import Store, default_store, derivation_key
 
 log = logging.getLogger("envbuild.apply.wheels")
 
@@ -96,8 +96,10 @@ class IndexOnly(WheelProvider):
 
 
 class StoreWheels(WheelProvider):
-    """Source builds on this machine (:func:`envbuild.sourcebuild.realize` with a host builder)
-    and patched wheels (:func:`envbuild.patches.realize_patch`), kept in envbuild's store."""
+    """Source builds on this machine (:func:`envbuild.sourcebuild.realise.realize` with a host
+    builder)
+    and patched wheels (:func:`envbuild.sourcebuild.patches.realize_patch`), kept in envbuild's
+    store."""
 
     def __init__(self, store: Store | None = None) -> None:
         self._store = store
@@ -119,9 +121,9 @@ class StoreWheels(WheelProvider):
     def missing(self, inp: ApplyInput) -> dict[str, bool]:
         if not inp.lock.envbuild.builds:
             return {}
-        from envbuild.builder import HostBuilder
-        from envbuild.sourcebuild import KIND, inputs_of
-        from envbuild.sourceplan import build_requests
+        from envbuild.sourcebuild.builder import HostBuilder
+        from envbuild.sourcebuild.realise import KIND, inputs_of
+        from envbuild.sourcebuild.requests import build_requests
 
         builder = HostBuilder(inp.spec.python.version)
         out = {}
@@ -141,12 +143,12 @@ class StoreWheels(WheelProvider):
             return {}
         if inp.loaded is None:
             return None
-        from envbuild.builder import HostBuilder
-        from envbuild.patches import KIND as PATCH_KIND
-        from envbuild.patches import PatchedWheel, patch_inputs
-        from envbuild.plan import select_wheels
-        from envbuild.sourcebuild import KIND, inputs_of
-        from envbuild.sourceplan import build_requests, patch_sets
+        from envbuild.build.plan import select_wheels
+        from envbuild.sourcebuild.builder import HostBuilder
+        from envbuild.sourcebuild.patches import KIND as PATCH_KIND
+        from envbuild.sourcebuild.patches import PatchedWheel, patch_inputs
+        from envbuild.sourcebuild.realise import KIND, inputs_of
+        from envbuild.sourcebuild.requests import build_requests, patch_sets
 
         store = self.store
         out: dict[str, StoreWheel] = {}
@@ -185,12 +187,12 @@ class StoreWheels(WheelProvider):
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
         if not wanted(inp):
             return {}
-        from envbuild.builder import HostBuilder
-        from envbuild.fetch import fetch_wheels
-        from envbuild.patches import realize_patch
-        from envbuild.plan import select_wheels
-        from envbuild.sourcebuild import realize
-        from envbuild.sourceplan import build_requests, patch_sets
+        from envbuild.build.fetch import fetch_wheels
+        from envbuild.build.plan import select_wheels
+        from envbuild.sourcebuild.builder import HostBuilder
+        from envbuild.sourcebuild.patches import realize_patch
+        from envbuild.sourcebuild.realise import realize
+        from envbuild.sourcebuild.requests import build_requests, patch_sets
 
         loaded = self._loaded(inp)
         store = self.store
@@ -223,8 +225,8 @@ class StoreWheels(WheelProvider):
         blobs = linked_blobs(generation)
         if not blobs:
             return
-        from envbuild.patches import KIND as PATCH_KIND
-        from envbuild.sourcebuild import KIND as BUILD_KIND
+        from envbuild.sourcebuild.patches import KIND as PATCH_KIND
+        from envbuild.sourcebuild.realise import KIND as BUILD_KIND
 
         store, linked = self.store, set(blobs)
         keys = [

@@ -16,12 +16,12 @@ from envbuild.apply.paths import HF_HOME
 from envbuild.apply.preflight import PreflightReport, Status
 from envbuild.apply.switch import Recovery
 from envbuild.apply.wheels import StoreWheels
-from envbuild.cache import CachedStore, CacheStats
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.registry import get_transport
+from envbuild.store.remote import CachedStore, CacheStats
 
 
 def add_root_flags(p: argparse.ArgumentParser) -> None:

@@ -8,18 +8,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from envbuild import engines
-from envbuild.build import COMPRESSION, BuilderOptions, BuildResult, build
-from envbuild.cache import CachedStore
+from envbuild.build.layers import Compression
+from envbuild.build.pipeline import COMPRESSION, BuilderOptions, BuildResult, build
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.layers import Compression
 from envbuild.progress import NULL, Progress, Task
+from envbuild.registry import compat as engines
 from envbuild.registry import get_transport
 from envbuild.spec import load_spec
-from envbuild.store import Store, default_store
+from envbuild.store.core import Store, default_store
+from envbuild.store.remote import CachedStore
 
 DEFAULT_SPEC = "specs/quickstart.toml"
 

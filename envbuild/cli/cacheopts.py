@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from envbuild.cache import CachedStore, RemoteCache
 from envbuild.registry import Endpoint, Transport, parse_repo
-from envbuild.store import Store
+from envbuild.store.core import Store
+from envbuild.store.remote import CachedStore, RemoteCache
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:

@@ -6,17 +6,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild import engines
+from envbuild.build.layers import Compression
 from envbuild.ci import BuildOutput, discover_specs, human_size, run_ci, summary_markdown
 from envbuild.cli import render
 from envbuild.cli.build import add_builder_args, add_compression_arg
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
-from envbuild.layers import Compression
+from envbuild.registry import compat as engines
 from envbuild.registry import get_transport, parse_repo
 from envbuild.spec.load import LoadedSpec, find_root
-from envbuild.store import Store, default_store
+from envbuild.store.core import Store, default_store
 
 
 def register(sub: Any) -> None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     store = Store(args.store) if args.store else default_store()
     store = store_with_cache(store, args, endpoint)
     transport = get_transport(args.transport) if (push or args.cache) else None
-    from envbuild.build import BuilderOptions, build
+    from envbuild.build.pipeline import BuilderOptions, build
 
     builder = BuilderOptions(mode=args.builder, network=args.builder_network)
 

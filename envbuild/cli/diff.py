@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.cli import render
-from envbuild.diff import diff_files, render_text
 from envbuild.errors import ExitCode
+from envbuild.snapshot.diff import diff_files, render_text
 
 
 def register(sub: Any) -> None:

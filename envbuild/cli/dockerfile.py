@@ -8,9 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from envbuild.build import load_lock
-from envbuild.cli import render
-from envbuild.dockerfile import (
+from envbuild.build.dockerfile import (
     BASE_DIR,
     WHEELS_DIR,
     copy_base,
@@ -18,11 +16,13 @@ from envbuild.dockerfile import (
     read_build_manifest,
     render_dockerfile,
 )
+from envbuild.build.pipeline import load_lock
+from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.fsio import write_atomic
 from envbuild.lock import find_lock
 from envbuild.spec import load_spec
-from envbuild.store import Store, default_store
+from envbuild.store.core import Store, default_store
 
 
 def register(sub: Any) -> None:

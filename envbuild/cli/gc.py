@@ -8,7 +8,7 @@ from typing import Any
 from envbuild import scratch
 from envbuild.cli import render
 from envbuild.errors import ExitCode
-from envbuild.store import Store, default_store
+from envbuild.store.core import Store, default_store
 
 
 def register(sub: Any) -> None:

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envbuild.build.image import DOCKER_ARCHIVE, load_into_engine
 from envbuild.cli import render
 from envbuild.errors import ExitCode
-from envbuild.image import DOCKER_ARCHIVE, load_into_engine
 
 
 def register(sub: Any) -> None:

@@ -16,7 +16,7 @@ from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
 from envbuild.lock import BaseMode, BasePinner, check_lock, lock_spec
 from envbuild.spec.validate import validate
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 
 def register(sub: Any) -> None:

@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild import engines
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
+from envbuild.registry import compat as engines
 
 
 def add_registry_args(p: argparse.ArgumentParser) -> None:

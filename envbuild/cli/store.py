@@ -7,19 +7,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from envbuild.build import BuilderOptions, source_builder
+from envbuild.build.pipeline import BuilderOptions, source_builder
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.sourceplan import (
+from envbuild.sourcebuild.requests import (
     STATE_TEXT,
     add_wheel_for_spec,
     state_of,
     store_plan_for_spec,
     stored_outputs,
 )
-from envbuild.store import Store, default_store
+from envbuild.store.core import Store, default_store
 
 
 def _store_flag(p: argparse.ArgumentParser) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.cli import render
-from envbuild.diff import render_text, size_text
 from envbuild.errors import ExitCode
-from envbuild.verify import GpuMemory, verify
+from envbuild.snapshot.diff import render_text, size_text
+from envbuild.snapshot.verify import GpuMemory, verify
 
 
 def register(sub: Any) -> None:

@@ -51,7 +51,7 @@ from envbuild.spec import knowledge as kb
 from envbuild.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
-    from envbuild.install import WheelRef
+    from envbuild.build.install import WheelRef
 
 log = logging.getLogger("envbuild.lock")
 
@@ -161,7 +161,7 @@ def build_lock(
 
 def closure_requires(loaded: LoadedSpec, lock: Lock) -> dict[str, list[str]]:
     """The Requires-Dist of every locked wheel the source builds' closures read, by sha256."""
-    from envbuild.sourceplan import build_requests, wheel_requires
+    from envbuild.sourcebuild.requests import build_requests, wheel_requires
 
     seen: dict[str, list[str]] = {}
 

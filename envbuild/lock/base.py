@@ -3,7 +3,8 @@
 An image base is already pinned by digest; an OCI layout by the digest the spec gives or, failing
 that, the one manifest its ``index.json`` lists; a rootfs tarball by the sha256 the spec gives.
 A Debian base records its suite, mirror, variant and requested packages (``include``) here;
-its resolved package set (``packages``) comes from the base stage (envbuild.base), which resolves
+its resolved package set (``packages``) comes from the base stage (envbuild.build.base), which
+resolves
 it against the mirror with mmdebstrap (see :mod:`envbuild.lock.pin` for when that runs).
 """
 

@@ -1,7 +1,7 @@
 """The lock's base entry, and when ``envbuild lock`` runs mmdebstrap to pin a Debian base.
 
 A Debian base is pinned by the package set mmdebstrap installs for it: every package's name,
-version, architecture and .deb sha256 (:func:`envbuild.base.resolve_debian`). Resolving needs
+version, architecture and .deb sha256 (:func:`envbuild.build.base.resolve_debian`). Resolving needs
 mmdebstrap and the mirror, takes tens of seconds, and its answer moves whenever the mirror does.
 So a relock takes the set the previous lock pinned whenever nothing it was resolved from
 changed, and runs mmdebstrap only when something did:
@@ -33,7 +33,7 @@ from typing import Literal
 from envbuild.lock.base import debian_request, lock_base
 from envbuild.lock.model import BaseLock, DebianBaseLock, Lock
 from envbuild.spec.load import LoadedSpec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 log = logging.getLogger("envbuild.lock")
 
@@ -110,10 +110,11 @@ class BasePinner:
         return PinnedBase(self._resolved[request], "resolved")
 
     def _resolve(self, loaded: LoadedSpec, want: DebianBaseLock) -> DebianBaseLock:
-        # lazily: envbuild.base imports envbuild.lock, and a relock that reuses needs none of it
+        # lazily: envbuild.build.base imports envbuild.lock, and a relock that reuses needs none of
+        # it
         from envbuild import proc
-        from envbuild.base import debian, resolve_debian
-        from envbuild.store import default_store
+        from envbuild.build.base import debian, resolve_debian
+        from envbuild.store.core import default_store
 
         proc.which("mmdebstrap", hint=debian.HINT)
         store = self.store if self.store is not None else default_store()

@@ -25,7 +25,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from envbuild import layers, scratch
+from envbuild import scratch
+from envbuild.build import layers
 from envbuild.errors import EnvironmentFailure, ToolFailed, ToolNotFound
 from envbuild.fsio import compact_json
 from envbuild.registry.api import Endpoint

@@ -1,7 +1,8 @@
 """OCI image layouts on disk (image-spec ``image-layout.md``): read one image out of a layout,
 verify every byte of it against its digests, and write a small artifact layout.
 
-Only what push, pull and the remote cache need; building image layouts is :mod:`envbuild.image`'s.
+Only what push, pull and the remote cache need; building image layouts is
+:mod:`envbuild.build.image`'s.
 """
 
 from __future__ import annotations

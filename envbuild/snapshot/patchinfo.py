@@ -1,6 +1,7 @@
 """Which installed distributions envbuild patched, and with what.
 
-A wheel patched by :mod:`envbuild.patches` carries ``envbuild-patches.json`` in its ``.dist-info``
+A wheel patched by :mod:`envbuild.sourcebuild.patches` carries ``envbuild-patches.json`` in its
+``.dist-info``
 (``{"dist", "version", "patches": [{"path", "sha256"}, …]}``, the patches in the order applied).
 :func:`record_patches` reads it for every distribution of a scanned environment, so a snapshot
 shows the patches and ``envbuild diff`` can compare them with a build manifest's.
@@ -14,8 +15,8 @@ import os
 
 from pydantic import ValidationError
 
-from envbuild.patches import PATCHES_FILE
 from envbuild.snapshot.model import PatchedDist, PatchFile, PythonEnv
+from envbuild.sourcebuild.patches import PATCHES_FILE
 
 log = logging.getLogger("envbuild.snapshot")
 

@@ -121,7 +121,8 @@ _ENVBUILD_HINT = "build it again (`envbuild build`); build manifests are not edi
 
 
 def is_envbuild_manifest(data: dict[str, Any]) -> bool:
-    """The build manifest ``envbuild build`` writes (:class:`envbuild.manifest.BuildManifest`),
+    """The build manifest ``envbuild build`` writes
+    (:class:`envbuild.build.manifest.BuildManifest`),
     whatever its format: it names its generator."""
     generator = data.get("generator")
     return isinstance(generator, str) and generator.startswith("envbuild ")
@@ -131,7 +132,7 @@ def check_build_manifest(data: dict[str, Any], source: str) -> None:
     """Refuse a build manifest this envbuild cannot read: one in a newer format
     (:class:`~envbuild.errors.NewerFormat`), or one whose keys do not have their types
     (:class:`~envbuild.errors.ManifestError` naming each bad key)."""
-    from envbuild.manifest import MANIFEST_FORMAT, BuildManifest
+    from envbuild.build.manifest import MANIFEST_FORMAT, BuildManifest
 
     model: type[BaseModel] = _GenericManifest
     hint = _GENERIC_HINT

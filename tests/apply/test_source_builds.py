@@ -19,7 +19,7 @@ from envbuild.apply import generations as gens
 from envbuild.apply.paths import Paths
 from envbuild.lock import lock_spec
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]  # setuptools for the build, once
 

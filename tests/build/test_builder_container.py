@@ -19,15 +19,15 @@ from support.project import members, write_project
 from support.sdists import FIXTURES, pack_sdist
 from support.wheels import make_wheel, ref
 
-from envbuild import image
-from envbuild.build import load_lock
-from envbuild.builder_container import ContainerBuilder
-from envbuild.layers import Layer
-from envbuild.manifest import BuiltLayer, stored_layer
-from envbuild.sourcebuild import inputs_of
-from envbuild.sourceplan import build_requests
+from envbuild.build import image
+from envbuild.build.layers import Layer
+from envbuild.build.manifest import BuiltLayer, stored_layer
+from envbuild.build.pipeline import load_lock
+from envbuild.sourcebuild.container import ContainerBuilder
+from envbuild.sourcebuild.realise import inputs_of
+from envbuild.sourcebuild.requests import build_requests
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 pytestmark = [pytest.mark.docker, pytest.mark.network, pytest.mark.slow]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from support.wheels import make_wheel, ref
 
+from envbuild.build.fetch import fetch_wheels
 from envbuild.errors import IntegrityError
-from envbuild.fetch import fetch_wheels
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_the_sbom_is_valid_cyclonedx_and_names_everything_in_the_image(quickstar
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
-    from envbuild import sbom
+    from envbuild.build import sbom
     from envbuild.lock import read_lock
 
     out, m = quickstart.output, quickstart.manifest
@@ -189,7 +189,7 @@ def _zstd_project(quickstart: Built, top: Path) -> Path:
     from envbuild.fsio import sha256_file
     from envbuild.lock import dumps, lock_path, read_lock
     from envbuild.lock.model import RootfsBaseLock
-    from envbuild.store import Store
+    from envbuild.store.core import Store
 
     (top / ".git").mkdir(parents=True)
     (top / "specs").mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support.wheels import make_wheel, ref
 
-from envbuild.install import (
+from envbuild.build.install import (
     OverlapError,
     VenvTarget,
     find_overlaps,
@@ -90,7 +90,7 @@ def test_install_is_the_same_under_another_umask_tz_and_cwd(
     second = tmp_path / "b"
     code = (
         "import sys; from pathlib import Path; from support.wheels import ref; "
-        "from envbuild.install import install, VenvTarget; "
+        "from envbuild.build.install import install, VenvTarget; "
         "ws=[Path(p) for p in sys.argv[2:]]; "
         "install([(ref(w), w) for w in ws], VenvTarget(python_version='3.11'), Path(sys.argv[1]))"
     )

@@ -15,7 +15,7 @@ from conftest import CliResult
 from support.project import write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 Build = Callable[..., CliResult]
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")

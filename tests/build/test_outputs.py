@@ -28,7 +28,7 @@ from support.project import write_project
 from support.wheels import make_wheel, ref
 
 from envbuild import scratch
-from envbuild.store import Store, output_root_name
+from envbuild.store.core import Store, output_root_name
 
 Build = Callable[..., CliResult]
 KILLPOINT = REPO / "tests" / "support" / "killpoint.py"
@@ -263,7 +263,7 @@ def test_the_printed_time_is_the_wall_time(
 ) -> None:
     """The base runs beside the layers: the line shows the build's wall time, not the stages'
     sum (here the base and the layers each take at least 0.6 s, side by side)."""
-    from envbuild import build as build_mod
+    from envbuild.build import pipeline as build_mod
 
     real_base, real_layer = build_mod._base_stage, build_mod._layer
 

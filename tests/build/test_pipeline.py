@@ -16,9 +16,9 @@ from conftest import CliResult
 from support.project import members, write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.install import WheelRef
-from envbuild.plan import BIG_BYTES
-from envbuild.store import Store
+from envbuild.build.install import WheelRef
+from envbuild.build.plan import BIG_BYTES
+from envbuild.store.core import Store
 
 Build = Callable[..., CliResult]
 
@@ -170,7 +170,7 @@ def test_layer_workers_defer_to_a_base_still_being_made() -> None:
     import subprocess
     import threading
 
-    from envbuild import build
+    from envbuild.build import pipeline as build
 
     def worker_nice(base: concurrent.futures.Future[None]) -> tuple[int, int]:
         seen: list[int] = []
@@ -202,7 +202,7 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
     import threading
     import time
 
-    from envbuild import build as build_mod
+    from envbuild.build import pipeline as build_mod
     from envbuild.errors import EnvironmentFailure
 
     d = repo / "wheels"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.build.install import VenvTarget, WheelRef
+from envbuild.build.plan import PlanOptions, bucket, image_config, layer_plan, target_tags
 from envbuild.errors import UserError
-from envbuild.install import VenvTarget, WheelRef
-from envbuild.plan import PlanOptions, bucket, image_config, layer_plan, target_tags
 from envbuild.spec import load_spec
 
 TARGET = VenvTarget(platform="manylinux_2_36_x86_64")

@@ -281,7 +281,7 @@ def test_mmdebstraps_ca_folder_is_locked_while_it_runs_and_gone_after(
     from types import SimpleNamespace
 
     from envbuild import proc
-    from envbuild.base import debian
+    from envbuild.build.base import debian
 
     bundle = tmp_path / "bundle.crt"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")

@@ -18,8 +18,8 @@ from support.project import members, write_project
 from support.sdists import FIXTURES, pack_sdist
 from support.wheels import make_wheel, ref
 
-from envbuild.install import WheelRef
-from envbuild.store import Store
+from envbuild.build.install import WheelRef
+from envbuild.store.core import Store
 
 pytestmark = pytest.mark.network  # setuptools for the build venv, once per session
 

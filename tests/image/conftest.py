@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from envbuild.base import debian
-from envbuild.base.model import BaseImage
+from envbuild.build.base import debian
+from envbuild.build.base.model import BaseImage
 from envbuild.lock.model import DebianBaseLock
 from envbuild.spec.model import DebianBase
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 
 def need(tool: str, package: str | None = None) -> None:

@@ -1,4 +1,5 @@
-"""Every base reader follows one set of rules (envbuild.base.tarsafe): found by hand first, each
+"""Every base reader follows one set of rules (envbuild.build.base.tarsafe): found by hand first,
+each
 case here is a class the property tests (test_tar_properties.py) also generate."""
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.base import rootfs
-from envbuild.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
+from envbuild.build.base import rootfs
+from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
+from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.layers import Compression, Layer
 from envbuild.errors import ExitCode
-from envbuild.image import ImageConfig, write_image, write_oci_layout
-from envbuild.layers import Compression, Layer
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 from .conftest import need
 from .tarcheck import COMPRESSIONS, compress, sha256
@@ -272,7 +273,7 @@ def test_the_oci_layout_test_tools_agree(tmp_path):
 
 def test_the_spec_sets_the_limit(tmp_path):
     """``base.max_unpacked_gib`` reaches the reader through build_base."""
-    from envbuild.base import build_base
+    from envbuild.build.base import build_base
     from envbuild.spec.load import load_spec
 
     (tmp_path / ".git").mkdir()

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.base import debian, registry, rootfs
-from envbuild.base.tarread import safe_extract
-from envbuild.base.tarsafe import UnsafeArchive
-from envbuild.errors import IntegrityError, ToolFailed
-from envbuild.image import History, ImageConfig, write_image, write_oci_layout
-from envbuild.layers import (
+from envbuild.build.base import debian, registry, rootfs
+from envbuild.build.base.tarread import safe_extract
+from envbuild.build.base.tarsafe import UnsafeArchive
+from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
+from envbuild.build.layers import (
     Compression,
     Entry,
     Kind,
@@ -29,8 +28,9 @@ from envbuild.layers import (
     whiteout,
     write_layer,
 )
+from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 from .conftest import DebianRootfs, need
 
@@ -229,7 +229,7 @@ def test_an_oci_layout_with_a_malicious_layer_is_refused(tmp_path):
     tar = make_tar(tmp_path / "evil.tar", [member("../../escape", data=b"x")])
     raw = tar.read_bytes()
     blob = store.add_bytes(gzip.compress(raw, mtime=0))
-    from envbuild.layers import Layer
+    from envbuild.build.layers import Layer
 
     layer = Layer(
         digest=blob,

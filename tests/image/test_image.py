@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.image import (
+from envbuild.build.image import (
     DOCKER_ARCHIVE,
     History,
     Image,
@@ -22,8 +22,8 @@ from envbuild.image import (
     write_image,
     write_oci_layout,
 )
-from envbuild.layers import Compression, Layer, layer_from_tree
-from envbuild.store import Store
+from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.store.core import Store
 
 from .conftest import DebianRootfs, need
 
@@ -104,7 +104,7 @@ def test_source_date_epoch_dates_the_config(tmp_path, monkeypatch):
 def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp_path, monkeypatch):
     from datetime import UTC, datetime
 
-    from envbuild.image import created_for
+    from envbuild.build.image import created_for
 
     cutoff = datetime(2026, 1, 1, tzinfo=UTC)
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
@@ -127,7 +127,7 @@ def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp
     st.integers(min_value=40, max_value=300),
 )  # fmt: skip
 def test_layer_history_names_what_fits_and_counts_the_rest(dists, limit):
-    from envbuild.image import layer_history
+    from envbuild.build.image import layer_history
 
     text = layer_history("envbuild group group-01", dists, limit=limit)
     if not dists:

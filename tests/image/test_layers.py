@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import layers as layers_mod
-from envbuild.errors import ToolFailed
-from envbuild.layers import (
+from envbuild.build import layers as layers_mod
+from envbuild.build.layers import (
     Compression,
     Entry,
     Kind,
@@ -28,7 +27,8 @@ from envbuild.layers import (
     whiteout,
     write_layer,
 )
-from envbuild.store import Store
+from envbuild.errors import ToolFailed
+from envbuild.store.core import Store
 
 FILES = {
     "bin/tool": (b"#!/bin/sh\necho tool\n", True),
@@ -64,8 +64,8 @@ PACK = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from envbuild.layers import Compression, layer_from_tree
-    from envbuild.store import Store
+    from envbuild.build.layers import Compression, layer_from_tree
+    from envbuild.store.core import Store
     os.umask(0o077)
     out = {}
     for c in Compression:

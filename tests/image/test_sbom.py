@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild import sbom
+from envbuild.build import sbom
 from envbuild.errors import IntegrityError, ManifestError
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from envbuild.errors import IntegrityError, StoreError
-from envbuild.store import Output, Store, default_store, derivation_key
+from envbuild.store.core import Output, Store, default_store, derivation_key
 
 
 def blob_names_match_content(store: Store) -> bool:
@@ -65,7 +65,7 @@ def test_expected_digest_mismatch_stores_nothing(tmp_path):
 WRITER = textwrap.dedent(
     """
     import sys, time
-    from envbuild.store import Store
+    from envbuild.store.core import Store
     store = Store(sys.argv[1])
     with store.blob_writer() as w:
         w.write(b"x" * 1_000_000)
@@ -102,7 +102,7 @@ def test_a_killed_writer_leaves_no_misnamed_blob(tmp_path):
 BUILDER = textwrap.dedent(
     """
     import os, sys, time
-    from envbuild.store import Output, Store
+    from envbuild.store.core import Output, Store
     store = Store(sys.argv[1])
     def build():
         with open(sys.argv[2], "a") as f:
@@ -244,7 +244,7 @@ def test_gc_command_reports_and_removes(tmp_path, cli):
 SAME_BLOB = textwrap.dedent(
     """
     import sys
-    from envbuild.store import Store
+    from envbuild.store.core import Store
     store = Store(sys.argv[1])
     data = bytes(range(256)) * 20000
     for i in range(20):

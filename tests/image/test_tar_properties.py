@@ -20,14 +20,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild.base import rootfs
-from envbuild.base.tarread import safe_extract
-from envbuild.base.tarsafe import Limits, Tree
+from envbuild.build.base import rootfs
+from envbuild.build.base.tarread import safe_extract
+from envbuild.build.base.tarsafe import Limits, Tree
+from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.layers import Compression, Layer, open_uncompressed
 from envbuild.errors import EnvbuildError, ExitCode, UserError
-from envbuild.image import ImageConfig, write_image, write_oci_layout
-from envbuild.layers import Compression, Layer, open_uncompressed
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 from .conftest import need
 from .tarcheck import (

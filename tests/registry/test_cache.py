@@ -15,10 +15,10 @@ import pytest
 from support.registry import Registry
 from support.sdists import FIXTURES, pack_sdist
 
-from envbuild.cache import CachedStore, RemoteCache, cache_tag
 from envbuild.errors import IntegrityError
 from envbuild.registry import Endpoint, parse_repo
-from envbuild.store import Output, Store, derivation_key
+from envbuild.store.core import Output, Store, derivation_key
+from envbuild.store.remote import CachedStore, RemoteCache, cache_tag
 
 pytestmark = pytest.mark.registry
 
@@ -183,11 +183,12 @@ def test_read_only_cache_does_not_publish(registry: Registry, tmp_path: Path) ->
 
 @pytest.mark.network
 def test_the_source_build_stage_uses_the_cache(registry: Registry, tmp_path: Path) -> None:
-    """F's C-extension fixture through envbuild.sourcebuild.realize: machine B gets the wheel
+    """F's C-extension fixture through envbuild.sourcebuild.realise.realize: machine B gets the
+    wheel
     machine A compiled, with its build log and audit, without compiling."""
-    from envbuild.builder import HostBuilder
     from envbuild.fsio import sha256_file
-    from envbuild.sourcebuild import FileRef, SourceBuildRequest, realize
+    from envbuild.sourcebuild.builder import HostBuilder
+    from envbuild.sourcebuild.realise import FileRef, SourceBuildRequest, realize
 
     sdist = pack_sdist(FIXTURES / "cext", "fixture-cext", "1.0.0", tmp_path)
     req = SourceBuildRequest.model_validate(

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from support.registry import Registry
 
-from envbuild.engines import reads_zstd
-from envbuild.image import (
+from envbuild.build.image import (
     History,
     ImageConfig,
     write_docker_archive,
     write_image,
     write_oci_layout,
 )
-from envbuild.layers import Compression, layer_from_tree
-from envbuild.store import Store
+from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.registry.compat import reads_zstd
+from envbuild.store.core import Store
 
 pytestmark = [pytest.mark.registry, pytest.mark.docker, pytest.mark.slow]
 
@@ -173,7 +173,7 @@ def test_docker_load_of_zstd_layers_fails_before_docker_23_which_is_why_the_arch
 
     from packaging.version import Version
 
-    from envbuild.engines import _release
+    from envbuild.registry.compat import _release
 
     if _compression(layout) != "zstd":
         pytest.skip("the gzip image's archive is the plain case")

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from support.registry import Registry
 
-from envbuild import sbom
-from envbuild.image import History, ImageConfig, write_image, write_oci_layout
-from envbuild.layers import Compression, layer_from_tree
+from envbuild.build import sbom
+from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
+from envbuild.build.layers import Compression, layer_from_tree
 from envbuild.registry.layout import open_layout
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 pytestmark = pytest.mark.registry
 

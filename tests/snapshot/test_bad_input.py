@@ -211,7 +211,7 @@ def test_an_hf_cache_that_is_not_a_folder(cli: Any, tmp_path: Path, what: str) -
 
 def _built(**changes: Any) -> dict[str, Any]:
     """A build manifest as `envbuild build` writes it, with ``changes`` made by hand."""
-    from envbuild.manifest import BuildManifest, BuiltLayer
+    from envbuild.build.manifest import BuildManifest, BuiltLayer
 
     layer = BuiltLayer(
         name="python", kind="packages", key="k", digest="sha256:" + "a" * 64,

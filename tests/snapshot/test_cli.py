@@ -183,10 +183,10 @@ def test_layers_of_the_recorded_image_against_a_new_build(
 
 
 def test_against_envbuild_build_manifest(cli: Cli, venv: Path, tmp_path: Path) -> None:
-    """The build manifest `envbuild build` writes (envbuild.manifest.BuildManifest): packages
+    """The build manifest `envbuild build` writes (envbuild.build.manifest.BuildManifest): packages
     come from its layers' name==version lists; its image digest is compared with the one a
     snapshot recorded with --image."""
-    from envbuild.manifest import BuildManifest, BuiltLayer
+    from envbuild.build.manifest import BuildManifest, BuiltLayer
 
     def manifest(beta: str, image: str) -> BuildManifest:
         layer = BuiltLayer(

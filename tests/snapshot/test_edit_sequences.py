@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.recordednvml import h200
 
-from envbuild.diff import compare, render_text, snapshot_facts
 from envbuild.fsio import canonical_json
 from envbuild.snapshot import Options, take_snapshot
-from envbuild.verify import verify
+from envbuild.snapshot.diff import compare, render_text, snapshot_facts
+from envbuild.snapshot.verify import verify
 from snapshot.conftest import later, site_packages
 
 TARGETS = [

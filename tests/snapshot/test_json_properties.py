@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild.diff import diff_files, render_text
 from envbuild.errors import ManifestError, UserError
+from envbuild.snapshot.diff import diff_files, render_text
 from envbuild.snapshot.model import MAX_JSON_BYTES, MAX_JSON_DEPTH, read_json
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "h200-snapshot.json"
@@ -147,7 +147,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def envbuild_manifest(**changes: Any) -> dict[str, Any]:
-    from envbuild.manifest import BuildManifest, BuiltLayer
+    from envbuild.build.manifest import BuildManifest, BuiltLayer
 
     layer = BuiltLayer(
         name="python", kind="packages", key="k", digest="sha256:" + "a" * 64,

@@ -15,12 +15,12 @@ import pytest
 from support.recordednvml import h200
 from support.wheels import make_wheel
 
-from envbuild.diff import render_text
 from envbuild.errors import ManifestError
 from envbuild.fsio import canonical_json
 from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.diff import render_text
 from envbuild.snapshot.model import parse_snapshot
-from envbuild.verify import verify
+from envbuild.snapshot.verify import verify
 from snapshot.conftest import pip_install, site_packages
 
 

@@ -16,10 +16,10 @@ from support.project import write_project
 from support.wheels import make_wheel, ref
 
 from envbuild import proc
-from envbuild.build import build
+from envbuild.build.pipeline import build
 from envbuild.fsio import sha256_bytes
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 Cli = Any
 

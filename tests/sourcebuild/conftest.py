@@ -22,10 +22,10 @@ from envbuild.lock.model import (
     LockedPackage,
     ToolTable,
 )
-from envbuild.sourcebuild import FileRef, SourceBuildRequest
+from envbuild.sourcebuild.realise import FileRef, SourceBuildRequest
+from envbuild.sourcebuild.toolchain import find_nvcc
 from envbuild.spec.load import LoadedSpec
-from envbuild.store import Store
-from envbuild.toolchain import find_nvcc
+from envbuild.store.core import Store
 
 _CEXT_SPEC = """\
 name = "cext-demo"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.audit import (
+from envbuild.errors import InputFileError
+from envbuild.sourcebuild.audit import (
     Arch,
     ObjectAudit,
     audit_file,
@@ -18,7 +19,6 @@ from envbuild.audit import (
     ptx_runs_on,
     sass_runs_on,
 )
-from envbuild.errors import InputFileError
 
 KERNEL = """
 __global__ void add(float *a, const float *b, int n) {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.audit import Audit, ObjectAudit, outside_fatbin
+from envbuild.sourcebuild.audit import Audit, ObjectAudit, outside_fatbin
 
 LOG = Path(__file__).resolve().parent.parent / "fixtures" / "h200-capture.log"
 

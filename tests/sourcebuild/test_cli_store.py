@@ -12,13 +12,13 @@ from sourcebuild.conftest import cext_lock, write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
-from envbuild.builder import HostBuilder
 from envbuild.lock import lock_path
 from envbuild.lock.io import dumps
-from envbuild.sourcebuild import FileRef, realize
-from envbuild.sourceplan import build_requests
+from envbuild.sourcebuild.builder import HostBuilder
+from envbuild.sourcebuild.realise import FileRef, realize
+from envbuild.sourcebuild.requests import build_requests
 from envbuild.spec.load import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 REPO = FIXTURES.parents[2]
 
@@ -225,7 +225,7 @@ def test_store_plan_says_what_a_build_costs_and_whether_it_is_needed(
 
 
 def test_state_of_asks_the_remote_cache_after_the_store(tmp_path: Path) -> None:
-    from envbuild.sourceplan import state_of
+    from envbuild.sourcebuild.requests import state_of
 
     class Remote(Store):
         def available(self, key: str) -> bool:

@@ -18,10 +18,10 @@ from sourcebuild.conftest import request
 from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
-from envbuild.builder import Toolchain
 from envbuild.errors import InputFileError, IntegrityError, ToolNotFound, UserError
 from envbuild.fsio import sha256_file
-from envbuild.sourcebuild import (
+from envbuild.sourcebuild.builder import Toolchain
+from envbuild.sourcebuild.realise import (
     FileRef,
     SdistPatch,
     SourceBuildRequest,
@@ -32,9 +32,7 @@ from envbuild.sourcebuild import (
     realize,
     sdist_patches,
 )
-from envbuild.spec.knowledge import build_memory
-from envbuild.store import Store, derivation_key
-from envbuild.toolchain import (
+from envbuild.sourcebuild.toolchain import (
     Nvcc,
     assemble_cuda_home,
     check_toolkit,
@@ -42,6 +40,8 @@ from envbuild.toolchain import (
     nvcc_info,
     toolkit_home,
 )
+from envbuild.spec.knowledge import build_memory
+from envbuild.store.core import Store, derivation_key
 
 NVCC = Nvcc(path="/cuda/bin/nvcc", version="13.0.88", sass=("sm_120",), ptx=("compute_120",))
 TOOLCHAIN = Toolchain(
@@ -139,7 +139,7 @@ def test_a_pinned_max_jobs_that_does_not_fit_is_warned_at_build_start(
     assert f"MAX_JOBS=16 x NVCC_THREADS=4 needs about {16 * plan.per_job_bytes / GB:.1f} GB" in text
     assert "24.0 GB is available" in text and "a safe value here is MAX_JOBS=2" in text
     builder = recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
-    with caplog.at_level(logging.WARNING, logger="envbuild.sourcebuild"):
+    with caplog.at_level(logging.WARNING, logger="envbuild.sourcebuild.realise"):
         realize(req, builder, Store(tmp_path / "store"), memory=24 * GB)
     (warned,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "MAX_JOBS=16 x NVCC_THREADS=4 needs about" in warned.getMessage()
@@ -249,7 +249,7 @@ def test_the_cxx20_patch_applies_to_the_real_sdist(tmp_path: Path) -> None:
     """The locked flash_attn-2.8.3.post2.tar.gz (8 MB from PyPI): the patch applies with no
     fuzz and leaves no -std=c++17 in the CUDA flags."""
     from envbuild.lock import lock_path, read_lock
-    from envbuild.sourcebuild import SOURCE_PATCHES, fetch_sdist
+    from envbuild.sourcebuild.realise import SOURCE_PATCHES, fetch_sdist
     from envbuild.spec.load import load_spec
 
     repo = Path(__file__).resolve().parents[2]
@@ -331,11 +331,11 @@ def test_an_nvcc_wrapper_on_path_leads_to_the_real_toolkit(tmp_path: Path, nvcc:
 
 
 def test_ninjas_lines_are_logged_as_progress(caplog: pytest.LogCaptureFixture) -> None:
-    from envbuild.builder import NinjaProgress
+    from envbuild.sourcebuild.builder import NinjaProgress
 
     now = [0.0]
     progress = NinjaProgress("flash-attn 2.8.3.post2", clock=lambda: now[0])
-    with caplog.at_level(logging.INFO, logger="envbuild.builder"):
+    with caplog.at_level(logging.INFO, logger="envbuild.sourcebuild.builder"):
         for t, line in [
             (60, "[1/73] c++ -MMD -MF flash_api.o.d ... -c flash_api.cpp\n"),
             (90, "warning: something else\n"),
@@ -354,7 +354,7 @@ def test_ninjas_lines_are_logged_as_progress(caplog: pytest.LogCaptureFixture) -
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=40) | st.from_regex(r"\s*\d{1,4}(\.\d{1,3})?\s*[kKmMgGtT]?i?[bB]?\s*"))
 def test_a_memory_budget_is_a_positive_size_or_a_clear_error(text: str) -> None:
-    from envbuild.toolchain import parse_size
+    from envbuild.sourcebuild.toolchain import parse_size
 
     try:
         value = parse_size(text)
@@ -368,10 +368,10 @@ def test_envbuild_build_memory_caps_what_max_jobs_is_chosen_from(
     sdists: Callable[[str], FileRef], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from envbuild.errors import UsageError
-    from envbuild.toolchain import build_memory_budget, parse_size
+    from envbuild.sourcebuild.toolchain import build_memory_budget, parse_size
 
     assert parse_size("12GiB") == 12 * 2**30 and parse_size("12G") == parse_size("12GB") == 12 * GB
-    monkeypatch.setattr("envbuild.toolchain.available_memory_bytes", lambda: 24 * GB)
+    monkeypatch.setattr("envbuild.sourcebuild.toolchain.available_memory_bytes", lambda: 24 * GB)
     assert build_memory_budget({}) == 24 * GB
     assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "12GiB"}) == 12 * 2**30
     assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "64GB"}) == 24 * GB  # never above free
@@ -392,7 +392,7 @@ def test_the_container_builder_makes_the_same_cuda_home_where_the_files_are(
     import subprocess
     import sys
 
-    from envbuild.toolchain import cuda_home_script
+    from envbuild.sourcebuild.toolchain import cuda_home_script
 
     toolkit = tmp_path / "site" / "nvidia" / "cu13"
     _touch(toolkit / "bin" / "nvcc")

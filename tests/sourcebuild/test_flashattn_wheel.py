@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.audit import audit_wheel
-from envbuild.builder import HostBuilder
 from envbuild.lock import lock_path, read_lock
 from envbuild.proc import find_uv
-from envbuild.sourcebuild import KIND, inputs_of
-from envbuild.sourceplan import build_requests
+from envbuild.sourcebuild.audit import audit_wheel
+from envbuild.sourcebuild.builder import HostBuilder
+from envbuild.sourcebuild.realise import KIND, inputs_of
+from envbuild.sourcebuild.requests import build_requests
+from envbuild.sourcebuild.toolchain import find_nvcc
 from envbuild.spec.load import load_spec
-from envbuild.store import Store, derivation_key
-from envbuild.toolchain import find_nvcc
+from envbuild.store.core import Store, derivation_key
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = Path(

@@ -14,7 +14,6 @@ from sourcebuild.conftest import cext_lock, request, store_state, write_cext_spe
 from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
-from envbuild.builder import Toolchain
 from envbuild.errors import UserError
 from envbuild.lock.model import (
     Hashes,
@@ -22,10 +21,17 @@ from envbuild.lock.model import (
     LockedFile,
     LockedPackage,
 )
-from envbuild.sourcebuild import FileRef, SourceBuildRequest, diff_inputs, inputs_of, realize
-from envbuild.sourceplan import build_closure, build_requests, build_roots, wheel_requires
+from envbuild.sourcebuild.builder import Toolchain
+from envbuild.sourcebuild.realise import (
+    FileRef,
+    SourceBuildRequest,
+    diff_inputs,
+    inputs_of,
+    realize,
+)
+from envbuild.sourcebuild.requests import build_closure, build_requests, build_roots, wheel_requires
 from envbuild.spec.load import LoadedSpec, load_spec
-from envbuild.store import Store, derivation_key
+from envbuild.store.core import Store, derivation_key
 
 #: torch and what it needs (one dependency only on aarch64, one only for an extra), plus
 #: packages no build venv installs: tqdm and what only tqdm needs.
@@ -218,8 +224,8 @@ def test_dependencies_come_over_http_once_then_from_the_cache(
     no index at all. A wheel whose bytes are not the locked ones is refused."""
     from support import pyindex
 
+    from envbuild.build.install import WheelRef
     from envbuild.errors import IntegrityError
-    from envbuild.install import WheelRef
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "index"

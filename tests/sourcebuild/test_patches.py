@@ -19,7 +19,7 @@ from support.sdists import FIXTURES
 from envbuild import proc
 from envbuild.errors import InputFileError, UserError
 from envbuild.fsio import sha256_file
-from envbuild.patches import (
+from envbuild.sourcebuild.patches import (
     PatchFailed,
     PatchRef,
     patch_inputs,
@@ -28,7 +28,7 @@ from envbuild.patches import (
     realize_patch,
     verify_record,
 )
-from envbuild.store import Store, derivation_key
+from envbuild.store.core import Store, derivation_key
 
 PATCHES = FIXTURES.parent / "patches"
 

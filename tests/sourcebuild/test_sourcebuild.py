@@ -16,9 +16,9 @@ import pytest
 from sourcebuild.conftest import request, store_state
 
 from envbuild import proc
-from envbuild.builder import HostBuilder
 from envbuild.errors import ToolNotFound, UserError
-from envbuild.sourcebuild import (
+from envbuild.sourcebuild.builder import HostBuilder
+from envbuild.sourcebuild.realise import (
     ArchMissing,
     BuildFailed,
     BuildResult,
@@ -26,8 +26,8 @@ from envbuild.sourcebuild import (
     add_wheel,
     realize,
 )
-from envbuild.store import Store
-from envbuild.toolchain import choose_max_jobs
+from envbuild.sourcebuild.toolchain import choose_max_jobs
+from envbuild.store.core import Store
 
 GB = 10**9
 

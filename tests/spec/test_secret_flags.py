@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.build.plan import image_config
 from envbuild.errors import Severity, UserError
-from envbuild.plan import image_config
 from envbuild.spec import knowledge as kb
 from envbuild.spec.check import check_stack
 from envbuild.spec.load import load_spec

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import envbuild.build as build_mod
-from envbuild import layers, manifest
+import envbuild.build.pipeline as build_mod
+from envbuild.build import layers, manifest
 from envbuild.cli import main
 
 KILL_AT = int(sys.argv[1])

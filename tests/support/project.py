@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from envbuild.build.install import WheelRef
+from envbuild.build.layers import open_uncompressed
 from envbuild.fsio import sha256_file
-from envbuild.install import WheelRef
-from envbuild.layers import open_uncompressed
 from envbuild.lock import dumps, lock_path
 from envbuild.lock.check import patch_records
 from envbuild.lock.model import (
@@ -28,7 +28,7 @@ from envbuild.lock.model import (
     ToolTable,
 )
 from envbuild.spec import load_spec
-from envbuild.store import Store
+from envbuild.store.core import Store
 
 PYPI = "https://pypi.org/simple"
 

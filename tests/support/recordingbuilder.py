@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from envbuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
+from envbuild.sourcebuild.builder import Builder, BuildJob, BuildOutcome, Toolchain
 
 
 class RecordingBuilder(Builder):

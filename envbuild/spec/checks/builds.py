@@ -15,7 +15,7 @@ from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import KeyPath, LoadedSpec
 
-#: Build flags that are counts for every build (envbuild.sourcebuild refuses the same values
+#: Build flags that are counts for every build (envbuild.sourcebuild.realise refuses the same values
 #: when a build runs).
 INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
 

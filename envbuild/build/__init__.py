@@ -1,0 +1,1 @@
+"""Building an image: plan, fetch, install, layers, image, manifest, outputs."""

@@ -1,0 +1,547 @@
+"""Installing locked wheels into a staging tree laid out as the image's venv.
+
+A *source* (a locked wheel: name, version, url, sha256, size) is fetched once into the store and
+installed with uv into a *destination* (a staging directory that stands for the image's root; the
+venv sits at ``target.venv`` inside it). The build host's Python is only uv's helper: nothing is
+installed into it, and nothing of it (its path, the staging path, a user name, a time) stays in
+the tree. Each call installs one layer's distributions into a fresh staging root, so a
+distribution at one version always gives the same files.
+
+After uv: its lock file and cache note go, console-script shebangs name the image's venv
+interpreter (``/opt/venv/bin/python``) with their RECORD lines rehashed, ``lib/pythonX.Y`` is
+named after the image's Python, and modes are normalized (umask must not leak into a layer).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import logging
+import os
+import sys
+import zipfile
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from packaging.utils import canonicalize_name
+
+from envbuild import proc, scratch
+from envbuild.errors import InputFileError, IntegrityError, ToolFailed, UserError
+
+log = logging.getLogger("envbuild.build.install")
+
+#: Bumped whenever the installed tree for the same inputs would change.
+INSTALL_FORMAT = 1
+#: Bumped whenever the venv layer (pyvenv.cfg, bin/python*) would change: 2 dropped the
+#: ``command = … -m venv`` line of pyvenv.cfg, which claimed a tool that never ran.
+VENV_FORMAT = 2
+
+
+@dataclass(frozen=True, order=True)
+class WheelRef:
+    """One locked wheel: what to install and how to check it."""
+
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    size: int
+
+    @property
+    def canonical(self) -> str:
+        return canonicalize_name(self.name)
+
+    def key(self) -> dict[str, object]:
+        return {
+            "name": self.canonical,
+            "version": self.version,
+            "filename": self.filename,
+            "sha256": self.sha256,
+            "size": self.size,
+        }
+
+
+@dataclass(frozen=True)
+class VenvTarget:
+    """Where the venv lives in the image and which interpreter runs it."""
+
+    venv: str = "/opt/venv"
+    interpreter: str = "/usr/bin/python3"
+    python_version: str = "3.11"
+    platform: str | None = None  # a wheel platform tag: manylinux_2_36_x86_64
+
+    @property
+    def rel(self) -> PurePosixPath:
+        return PurePosixPath(self.venv.lstrip("/"))
+
+    @property
+    def site_packages(self) -> str:
+        return f"lib/python{self.python_version}/site-packages"
+
+    @property
+    def python(self) -> str:
+        """The venv's own interpreter, as shebangs name it."""
+        return f"{self.venv.rstrip('/')}/bin/python"
+
+    def uv_platform(self) -> str | None:
+        if not self.platform:
+            return None
+        tag = self.platform
+        for arch in ("x86_64", "aarch64"):
+            if tag.endswith("_" + arch):
+                return f"{arch}-{tag.removesuffix('_' + arch)}"
+        return tag
+
+    def key(self) -> dict[str, object]:
+        return {
+            "venv": self.venv,
+            "interpreter": self.interpreter,
+            "python_version": self.python_version,
+            "platform": self.platform,
+        }
+
+
+# --- which paths a wheel will write -----------------------------------------------------------
+
+
+def wheel_files(wheel: Path, target: VenvTarget) -> dict[str, str]:
+    """Every path the wheel installs, relative to the venv, with its RECORD hash ('' if none).
+
+    Read from the wheel's RECORD and entry points, before anything is installed, so overlaps
+    between distributions are found without letting install order decide.
+    """
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            record = next((n for n in names if _is_dist_info(n, "RECORD")), None)
+            entry = next((n for n in names if _is_dist_info(n, "entry_points.txt")), None)
+            rows = _read_csv(zf.read(record).decode()) if record else [[n] for n in names]
+            entry_text = zf.read(entry).decode() if entry else ""
+    except (OSError, zipfile.BadZipFile, KeyError, UnicodeDecodeError) as exc:
+        raise InputFileError(wheel.name, f"is not a readable wheel: {exc}") from None
+    out: dict[str, str] = {}
+    for row in rows:
+        if not row or row[0].endswith("/"):
+            continue
+        path = _install_path(row[0], target)
+        if path is not None:
+            out[path] = row[1] if len(row) > 1 else ""
+    for script in _console_scripts(entry_text):
+        out[f"bin/{script}"] = ""
+    return out
+
+
+def _is_dist_info(name: str, leaf: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == leaf
+
+
+def member_path(member: str, target: VenvTarget) -> str | None:
+    """Where a wheel's member lands, relative to the venv (None: a scheme uv does not install)."""
+    return _install_path(member, target)
+
+
+def _install_path(member: str, target: VenvTarget) -> str | None:
+    parts = PurePosixPath(member).parts
+    if not parts:
+        return None
+    if parts[0].endswith(".data") and len(parts) > 2:
+        scheme, rest = parts[1], PurePosixPath(*parts[2:])
+        if scheme in ("purelib", "platlib"):
+            return f"{target.site_packages}/{rest}"
+        if scheme == "scripts":
+            return f"bin/{rest}"
+        if scheme == "headers":
+            return f"include/site/python{target.python_version}/{rest}"
+        if scheme == "data":
+            return str(rest)
+        return None
+    return f"{target.site_packages}/{PurePosixPath(*parts)}"
+
+
+def _console_scripts(entry_points: str) -> list[str]:
+    names: list[str] = []
+    section = ""
+    for raw in entry_points.splitlines():
+        line = raw.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1].strip()
+        elif "=" in line and section in ("console_scripts", "gui_scripts"):
+            names.append(line.split("=", 1)[0].strip())
+    return names
+
+
+# --- overlaps --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Two distributions that install the same paths (with different bytes)."""
+
+    first: str
+    second: str
+    paths: tuple[str, ...]
+    winner: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "distributions": [self.first, self.second],
+            "paths": list(self.paths),
+            "winner": self.winner,
+        }
+
+
+class OverlapError(UserError):
+    """Two distributions write the same path and the spec does not say which one wins."""
+
+    def __init__(self, overlaps: Sequence[Overlap]) -> None:
+        first = overlaps[0]
+        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
+        super().__init__(
+            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
+            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
+            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
+            f'"{first.second}" (or the other way round)',
+        )
+        self.overlaps = list(overlaps)
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        for ov in self.overlaps:
+            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
+            out.extend(f"    {p}" for p in ov.paths[:40])
+            if len(ov.paths) > 40:
+                out.append(f"    … {len(ov.paths) - 40} more")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+def find_overlaps(files: Mapping[str, Mapping[str, str]]) -> list[Overlap]:
+    """Pairs of distributions that install one path with different (or unknown) content.
+
+    ``files`` maps a distribution name to :func:`wheel_files`' answer. The same path with the same
+    RECORD hash in both (an empty namespace ``__init__.py``) is not an overlap: order cannot
+    change the bytes.
+    """
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for dist in sorted(files):
+        for path, digest in files[dist].items():
+            owners.setdefault(path, []).append((dist, digest))
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for path, who in owners.items():
+        for i, (a, ha) in enumerate(who):
+            for b, hb in who[i + 1 :]:
+                if ha and ha == hb:
+                    continue
+                pairs.setdefault((a, b), []).append(path)
+    return [Overlap(a, b, tuple(sorted(paths))) for (a, b), paths in sorted(pairs.items())]
+
+
+def resolve_overlaps(
+    overlaps: Sequence[Overlap], rules: Mapping[str, str]
+) -> tuple[list[Overlap], dict[str, frozenset[str]]]:
+    """Apply the spec's ``[image.overlaps]`` (``loser = winner``).
+
+    Returns the overlaps with their winner, and for each losing distribution the paths to leave
+    out of its layer. Raises :class:`OverlapError` for every pair no rule settles.
+    """
+    norm = {canonicalize_name(k): canonicalize_name(v) for k, v in rules.items()}
+    resolved: list[Overlap] = []
+    unresolved: list[Overlap] = []
+    remove: dict[str, set[str]] = {}
+    for ov in overlaps:
+        a, b = canonicalize_name(ov.first), canonicalize_name(ov.second)
+        winner = None
+        if norm.get(a) == b:
+            winner = ov.second
+        elif norm.get(b) == a:
+            winner = ov.first
+        if winner is None:
+            unresolved.append(ov)
+            continue
+        loser = ov.second if winner == ov.first else ov.first
+        remove.setdefault(loser, set()).update(ov.paths)
+        resolved.append(Overlap(ov.first, ov.second, ov.paths, winner))
+    if unresolved:
+        raise OverlapError(unresolved)
+    return resolved, {k: frozenset(v) for k, v in remove.items()}
+
+
+# --- installing -------------------------------------------------------------------------------
+
+
+@dataclass
+class Installed:
+    """What one install call put into a staging root."""
+
+    root: Path
+    dists: list[str] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+
+
+def uv_version(uv: str | None = None) -> str:
+    done = proc.run([uv or proc.find_uv(), "--version"], tool="uv")
+    return done.stdout.strip()
+
+
+def install(
+    wheels: Sequence[tuple[WheelRef, Path]],
+    target: VenvTarget,
+    root: Path,
+    *,
+    remove: Mapping[str, Collection[str]] | None = None,
+    uv: str | None = None,
+    cache: Path | None = None,
+) -> Installed:
+    """Install ``wheels`` (each with the path of its verified file) into ``root`` + venv.
+
+    ``root`` must be empty or absent: one call makes one layer's tree. ``remove`` names, per
+    distribution, venv-relative paths to leave out (the losing side of a resolved overlap).
+    ``cache`` is uv's cache directory (unzipped wheels, copied from, never linked); without it
+    uv unzips into a throwaway cache. The installed bytes are the same either way.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        raise ValueError(f"staging root {root} is not empty")
+    prefix = root / target.rel
+    if not wheels:
+        return Installed(root)
+    with scratch.temp_dir("wheels-") as tmp:  # locked: what a killed run left, the next removes
+        # each wheel is offered at a path that names its sha256 and stays the same from one
+        # build to the next, so uv's cache (keyed by the path) finds what it unzipped before
+        stable = cache.parent / "uv-wheels" if cache is not None else Path(tmp)
+        find_links: list[proc.Arg] = []
+        lines = []
+        for wheel, path in sorted(wheels):
+            link = stable / wheel.sha256 / wheel.filename
+            _symlink(link, path.resolve())
+            find_links += ["--find-links", link.parent]
+            lines.append(f"{wheel.canonical}=={wheel.version} --hash=sha256:{wheel.sha256}")
+        req = Path(tmp) / "requirements.txt"
+        req.write_text("\n".join(lines) + "\n")
+        argv: list[proc.Arg] = [
+            uv or proc.find_uv(),
+            "pip",
+            "install",
+            "--no-config",
+            "--no-deps",
+            "--require-hashes",
+            "--no-index",
+            *find_links,
+            "--link-mode=copy",
+            *(["--cache-dir", cache] if cache is not None else ["--no-cache"]),
+            "--python",
+            sys.executable,
+            "--python-version",
+            target.python_version,
+            "--prefix",
+            prefix,
+            "-r",
+            req,
+        ]
+        if (platform := target.uv_platform()) is not None:
+            argv[argv.index("--prefix") : argv.index("--prefix")] = ["--python-platform", platform]
+        env = proc.child_env(
+            {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"},
+            drop=[k for k in os.environ if k.startswith("UV_")],
+        )
+        try:
+            proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
+        except ToolFailed:
+            _check_wheels(wheels)  # a wheel that is not what the lock says: that is the cause
+            raise
+    return _finish(root, target, sorted(canonicalize_name(w.name) for w, _ in wheels), remove)
+
+
+def _check_wheels(wheels: Sequence[tuple[WheelRef, Path]]) -> None:
+    """After uv failed: raise :class:`IntegrityError` for the first wheel file whose bytes are
+    not the ones the lock names (uv then reports a hash mismatch or a bad zip CRC, which is no
+    matter of the platform)."""
+    for wheel, path in sorted(wheels):
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except OSError:
+            continue
+        if h.hexdigest() != wheel.sha256:
+            raise IntegrityError(
+                f"{path} ({wheel.filename}) no longer matches the lock's sha256 {wheel.sha256}: "
+                "the store's copy was changed or damaged",
+                hint="run `envbuild store verify --repair` (the next build fetches it again), "
+                "then build again",
+            )
+
+
+def _symlink(link: Path, target: Path) -> None:
+    """``link`` -> ``target``, made atomically (two builds may offer the same wheel at once)."""
+    if link.is_symlink() and os.readlink(link) == str(target):
+        return
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{id(link)}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def _finish(
+    root: Path,
+    target: VenvTarget,
+    dists: list[str],
+    remove: Mapping[str, Collection[str]] | None,
+) -> Installed:
+    prefix = root / target.rel
+    (prefix / ".lock").unlink(missing_ok=True)
+    _name_lib_dir(prefix, target)
+    site = prefix / target.site_packages
+    changed: set[Path] = set()
+    gone: set[Path] = set()
+    for dist_info in sorted(site.glob("*.dist-info")):
+        note = dist_info / "uv_cache.json"
+        if note.exists():
+            note.unlink()
+            gone.add(note)
+    changed |= _fix_shebangs(prefix / "bin", target)
+    for dist, paths in sorted((remove or {}).items()):
+        for rel in sorted(paths):
+            victim = prefix / rel
+            if victim.is_file() or victim.is_symlink():
+                victim.unlink()
+                gone.add(victim)
+                log.debug("left out %s of %s (overlap resolved by the spec)", rel, dist)
+    _rewrite_records(site, changed, gone)
+    _prune_empty(prefix, keep={prefix, prefix / "lib", site.parent, site, prefix / "bin"})
+    files, size = normalize_modes(root)
+    return Installed(root, dists, files, size)
+
+
+def _name_lib_dir(prefix: Path, target: VenvTarget) -> None:
+    """uv lays out ``lib/pythonX.Y`` for its helper interpreter; name it for the image's."""
+    want = prefix / "lib" / f"python{target.python_version}"
+    if want.exists():
+        return
+    found = sorted((prefix / "lib").glob("python*"))
+    if len(found) == 1:
+        found[0].rename(want)
+
+
+def _fix_shebangs(bin_dir: Path, target: VenvTarget) -> set[Path]:
+    """Point scripts uv wrote for its helper interpreter at the image's venv interpreter."""
+    changed: set[Path] = set()
+    if not bin_dir.is_dir():
+        return changed
+    helper = sys.executable.encode()
+    new = f"#!{target.python}\n".encode()
+    for script in sorted(bin_dir.iterdir()):
+        if not script.is_file() or script.is_symlink():
+            continue
+        data = script.read_bytes()
+        fixed = _rewrite_shebang(data, helper, new)
+        if fixed is not None:
+            script.write_bytes(fixed)
+            changed.add(script)
+    return changed
+
+
+def _rewrite_shebang(data: bytes, helper: bytes, new: bytes) -> bytes | None:
+    first, _, rest = data.partition(b"\n")
+    if first.startswith(b"#!") and first[2:].strip().split(b" ")[0] == helper:
+        return new + rest
+    # uv's form for interpreter paths too long (or with spaces) for a shebang line
+    if first == b"#!/bin/sh":
+        second, _, tail = rest.partition(b"\n")
+        third, _, body = tail.partition(b"\n")
+        if second.startswith(b"'''exec' ") and helper in second and third == b"' '''":
+            return new + body
+    return None
+
+
+def _rewrite_records(site: Path, changed: set[Path], gone: set[Path]) -> None:
+    if not changed and not gone:
+        return
+    for record in sorted(site.glob("*.dist-info/RECORD")):
+        rows = _read_csv(record.read_text())
+        out: list[list[str]] = []
+        dirty = False
+        for row in rows:
+            if not row:
+                continue
+            path = Path(os.path.normpath(site / row[0]))
+            if path in gone:
+                dirty = True
+                continue
+            if path in changed:
+                data = path.read_bytes()
+                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+                row = [row[0], f"sha256={digest.decode()}", str(len(data))]
+                dirty = True
+            out.append(row)
+        if dirty:
+            buf = io.StringIO()
+            csv.writer(buf, lineterminator="\n").writerows(out)
+            record.write_text(buf.getvalue())
+
+
+def _read_csv(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+def _prune_empty(top: Path, keep: set[Path]) -> None:
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+        d = Path(dirpath)
+        if d not in keep and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+
+
+def normalize_modes(top: Path) -> tuple[int, int]:
+    """Directories 0755, files 0755 when their owner may run them else 0644, whatever the umask
+    was. Returns the number of regular files and their total size."""
+    files = size = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if os.path.islink(path):
+                continue
+            os.chmod(path, 0o755 if st.st_mode & 0o100 else 0o644)
+            files += 1
+            size += st.st_size
+        dirnames.sort()
+    return files, size
+
+
+def write_venv(root: Path, target: VenvTarget) -> None:
+    """The venv itself (``pyvenv.cfg``, ``bin/python*`` links to the image's interpreter, an
+    empty site-packages) under ``root``: one small layer of its own."""
+    prefix = root / target.rel
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    (prefix / target.site_packages).mkdir(parents=True, exist_ok=True)
+    interp = PurePosixPath(target.interpreter)
+    cfg = (
+        f"home = {interp.parent}\n"
+        "include-system-site-packages = false\n"
+        f"version = {target.python_version}\n"
+        f"executable = {interp}\n"
+    )  # no `command` line: `python -m venv` did not make this venv, envbuild did (VENV_FORMAT 2)
+    (prefix / "pyvenv.cfg").write_text(cfg)
+    for link, to in (
+        ("python", str(interp)),
+        ("python3", "python"),
+        (f"python{target.python_version}", "python"),
+    ):
+        dest = prefix / "bin" / link
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        dest.symlink_to(to)
+    lib64 = prefix / "lib64"
+    if not lib64.is_symlink():
+        lib64.symlink_to("lib")
+    normalize_modes(root)

@@ -1,0 +1,1 @@
+"""Source builds: requests, realising, builders, toolchain, patches, the device-code audit."""

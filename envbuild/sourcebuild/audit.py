@@ -1,0 +1,438 @@
+"""What GPU code a compiled file really holds: the SASS and PTX architectures in its fatbins.
+
+Build flags (``TORCH_CUDA_ARCH_LIST``, ``FLASH_ATTN_CUDA_ARCHS``) are intent; this module reads the
+fact. nvcc embeds device code in an ELF section of the host object: ``.nv_fatbin`` (whole-program
+code) or ``__nv_relfatbin`` (relocatable ``-rdc`` code). The section holds one or more fatbin
+containers; each is a 16-byte header (magic ``0xBA55ED50``, version, header size, payload size)
+followed by entries, each with its own header: kind (1 = PTX, 2 = ELF cubin i.e. SASS, 8 = LTO-IR),
+the SM number (``90`` for 9.0), flags (bit 0x100000 arch-specific ``a``, bit 0x200000
+family-specific ``f``, bit 0x2000/0x8000 LZ4/zstd-compressed payload) and the payload. Only the
+entry headers are read: they are never compressed, so no decompressor is needed. The layout was
+checked against objects built with nvcc 13.0 for many ``-gencode`` combinations and against
+``cuobjdump --list-elf/--list-ptx`` (see tests/sourcebuild/test_audit.py).
+
+Which code runs on which GPU follows the CUDA C++ Programming Guide:
+
+* "Binary Compatibility": a cubin generated for compute capability X.y runs only on devices of
+  compute capability X.z with z >= y. So sm_120 SASS *does* run on a 12.1 device (GB10), and
+  sm_80 SASS runs on 8.6 and 8.9, but sm_90 SASS never runs on 10.0 or 12.0.
+* "PTX Compatibility": PTX for compute_XY can be JIT-compiled by the driver for any device of
+  compute capability >= X.Y (a newer major included).
+* "Feature Set Compiler Targets" (CUDA 12.9+, also NVIDIA's blog "NVIDIA Blackwell and NVIDIA
+  CUDA 12.9 Introduce Family-Specific Architecture Features"): arch-specific targets (sm_90a,
+  sm_100a, compute_90a …) run only on exactly that compute capability, no forward or backward
+  compatibility; family-specific targets (sm_100f, compute_120f …) run on devices of the same
+  major with an equal or higher minor (sm_100f: 10.0 and 10.3; sm_120f: 12.0 and 12.1).
+
+LTO-IR (``code=lto_90``) is listed but never counts: the driver does not JIT it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import mmap
+import os
+import re
+import struct
+import tomllib
+import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envbuild import proc, scratch
+from envbuild.errors import InputFileError
+
+log = logging.getLogger("envbuild.sourcebuild.audit")
+
+FATBIN_MAGIC = 0xBA55ED50
+FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
+KIND_PTX, KIND_ELF, KIND_LTO = 1, 2, 8
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY_SPECIFIC = 0x200000
+FLAG_COMPRESSED = 0x2000 | 0x8000
+
+_ARCH = re.compile(r"^(?:(sm|compute|lto)_)?(\d{2,3})([af]?)$")
+_CC = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
+
+
+@dataclass(frozen=True, order=True)
+class Arch:
+    """A GPU architecture: compute capability ``major.minor`` plus an ``a``/``f`` suffix."""
+
+    major: int
+    minor: int
+    suffix: Literal["", "a", "f"] = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Arch:
+        """``sm_90a``, ``compute_120``, ``120f``, ``12.0`` or ``9.0a``."""
+        text = text.strip()
+        if m := _CC.match(text):
+            return cls(int(m.group(1)), int(m.group(2)), _suffix(m.group(3)))
+        if m := _ARCH.match(text):
+            number = int(m.group(2))
+            return cls(number // 10, number % 10, _suffix(m.group(3)))
+        raise ValueError(f"{text!r} is not a GPU architecture (expected like sm_90, 9.0 or 12.0a)")
+
+    @classmethod
+    def from_sm(cls, number: int, flags: int = 0) -> Arch:
+        suffix: Literal["", "a", "f"] = (
+            "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY_SPECIFIC else ""
+        )
+        return cls(number // 10, number % 10, suffix)
+
+    @property
+    def number(self) -> str:
+        return f"{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def cc(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    @property
+    def sass(self) -> str:
+        return f"sm_{self.number}"
+
+    @property
+    def ptx(self) -> str:
+        return f"compute_{self.number}"
+
+
+def _suffix(text: str) -> Literal["", "a", "f"]:
+    return "a" if text == "a" else "f" if text == "f" else ""
+
+
+def sass_runs_on(code: Arch, device: Arch) -> bool:
+    """Whether a cubin for ``code`` executes on a device of compute capability ``device``."""
+    if code.suffix == "a":
+        return (code.major, code.minor) == (device.major, device.minor)
+    return code.major == device.major and device.minor >= code.minor
+
+
+def ptx_runs_on(code: Arch, device: Arch) -> bool:
+    """Whether the driver can JIT PTX for ``code`` on a device of compute capability ``device``."""
+    if code.suffix == "a":
+        return (code.major, code.minor) == (device.major, device.minor)
+    if code.suffix == "f":
+        return code.major == device.major and device.minor >= code.minor
+    return (device.major, device.minor) >= (code.major, code.minor)
+
+
+# --- reading the bytes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FatbinEntry:
+    kind: int
+    arch: Arch
+    flags: int
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_COMPRESSED)
+
+
+class NotElf(ValueError):
+    pass
+
+
+def elf_sections(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bytes]:
+    """The contents of the named sections of an ELF file (any class, either byte order)."""
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise NotElf("not an ELF file")
+    klass, order = data[4], data[5]
+    if klass not in (1, 2) or order not in (1, 2):
+        raise NotElf("unknown ELF class or byte order")
+    e = "<" if order == 1 else ">"
+    if klass == 2:
+        (shoff,) = struct.unpack_from(e + "Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", data, 0x3A)
+        sh_fmt = e + "IIQQQQ"
+    else:
+        (shoff,) = struct.unpack_from(e + "I", data, 0x20)
+        shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", data, 0x2E)
+        sh_fmt = e + "IIIIII"
+    if shoff == 0:
+        return {}
+
+    def header(i: int) -> tuple[int, int, int, int]:
+        at = shoff + i * shentsize
+        if at + struct.calcsize(sh_fmt) > len(data):
+            raise NotElf("section header table is truncated")
+        raw = struct.unpack_from(sh_fmt, data, at)
+        return raw[0], raw[1], raw[4], raw[5]
+
+    if shnum == 0 or shstrndx == 0xFFFF:  # extended numbering: the real values sit in section 0
+        at = shoff
+        zero = struct.unpack_from(e + ("IIQQQQII" if klass == 2 else "IIIIIIII"), data, at)
+        shnum = shnum or zero[5]
+        shstrndx = zero[6] if shstrndx == 0xFFFF else shstrndx
+    _, _, str_off, str_size = header(shstrndx)
+    strtab = bytes(data[str_off : str_off + str_size])
+    wanted = set(names)
+    out: dict[str, bytes] = {}
+    for i in range(shnum):
+        name_at, sh_type, offset, size = header(i)
+        end = strtab.find(b"\0", name_at)
+        name = strtab[name_at : end if end >= 0 else None].decode("latin-1")
+        if name in wanted and sh_type != 8:  # SHT_NOBITS holds no bytes
+            out[name] = bytes(data[offset : offset + size])
+    return out
+
+
+def fatbin_entries(blob: bytes) -> Iterator[FatbinEntry]:
+    """Every entry of every fatbin container in ``blob`` (a ``.nv_fatbin`` section's bytes)."""
+    at = 0
+    while at + 16 <= len(blob):
+        magic, _version, header_size, payload = struct.unpack_from("<IHHQ", blob, at)
+        if magic != FATBIN_MAGIC:
+            at += 8  # containers are 8-byte aligned; skip padding between them
+            continue
+        entry, end = at + header_size, min(at + header_size + payload, len(blob))
+        while entry + 64 <= end:
+            kind, _, entry_size, size = struct.unpack_from("<HHIQ", blob, entry)
+            sm, *_ = struct.unpack_from("<I", blob, entry + 0x1C)
+            (flags,) = struct.unpack_from("<Q", blob, entry + 0x28)
+            if entry_size < 64:
+                break
+            yield FatbinEntry(kind, Arch.from_sm(sm, flags), flags)
+            entry += entry_size + size
+        at = max(end, at + 16)
+
+
+# --- the typed result ------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ObjectAudit(_Model):
+    """The device code of one compiled file. Empty lists: a host-only file (a plain C extension)."""
+
+    path: str = Field(description="the file, relative to what was audited (a wheel, a folder)")
+    sass: list[str] = Field(default_factory=list, description="cubin architectures, like sm_90a")
+    ptx: list[str] = Field(default_factory=list, description="PTX architectures, like compute_120")
+    lto: list[str] = Field(default_factory=list, description="LTO-IR (never runs on its own)")
+
+    @property
+    def has_device_code(self) -> bool:
+        return bool(self.sass or self.ptx or self.lto)
+
+    def runs_on(self, cc: str) -> str | None:
+        """How this file's kernels run on compute capability ``cc``: ``"sm_90 SASS"``,
+        ``"compute_80 PTX (JIT)"``, or None when they cannot."""
+        device = Arch.parse(cc)
+        for name in self.sass:
+            if sass_runs_on(Arch.parse(name), device):
+                return f"{name} SASS"
+        for name in self.ptx:
+            if ptx_runs_on(Arch.parse(name), device):
+                return f"{name} PTX (JIT)"
+        return None
+
+    @property
+    def code_elsewhere(self) -> str | None:
+        """Why this file's fatbin does not tell where its kernels run (they live outside it,
+        :data:`DEVICE_CODE_FACTS`), or None when the fatbin is the whole story."""
+        return outside_fatbin(self.path)
+
+    def verdict(self, cc: str) -> Literal["runs", "cannot run", "unknown", "no GPU code"]:
+        """Whether this file's kernels run on compute capability ``cc``."""
+        if self.code_elsewhere is not None:
+            return "unknown"
+        if not self.has_device_code:
+            return "no GPU code"
+        return "runs" if self.runs_on(cc) is not None else "cannot run"
+
+    def missing(self, ccs: Iterable[str]) -> list[str]:
+        """The compute capabilities among ``ccs`` this file's kernels cannot run on (none for a
+        file whose kernels live outside its fatbin: unknown is not "cannot run")."""
+        if not self.has_device_code or self.code_elsewhere is not None:
+            return []
+        return sorted({cc for cc in ccs if self.runs_on(cc) is None}, key=Arch.parse)
+
+
+class Audit(_Model):
+    """Every compiled file of a wheel or a folder, with its GPU code."""
+
+    tool: Literal["fatbin", "cuobjdump"] = "fatbin"
+    files: list[ObjectAudit] = Field(default_factory=list)
+
+    @property
+    def sass(self) -> list[str]:
+        return _union(f.sass for f in self.files)
+
+    @property
+    def ptx(self) -> list[str]:
+        return _union(f.ptx for f in self.files)
+
+    def missing(self, ccs: Iterable[str]) -> dict[str, list[str]]:
+        """``{file: [compute capabilities it cannot run on]}`` for the files that lack some."""
+        wanted = list(ccs)
+        return {f.path: gone for f in self.files if (gone := f.missing(wanted))}
+
+    def unknown(self) -> dict[str, str]:
+        """``{file: why}`` for the files whose kernels the fatbin cannot account for."""
+        return {f.path: why for f in self.files if (why := f.code_elsewhere) is not None}
+
+    def summary(self) -> str:
+        gpu = [f for f in self.files if f.has_device_code]
+        return (
+            f"{len(self.files)} compiled file(s), {len(gpu)} with GPU code; "
+            f"SASS {', '.join(self.sass) or 'none'}; PTX {', '.join(self.ptx) or 'none'}"
+        )
+
+
+DEVICE_CODE_FACTS = Path(__file__).resolve().parent / "device_code.toml"
+
+
+@functools.cache
+def _outside_fatbin() -> list[tuple[re.Pattern[str], str]]:
+    data = tomllib.loads(DEVICE_CODE_FACTS.read_text(encoding="utf-8"))
+    entries = data["outside_fatbin"]
+    return [(re.compile(e["name"]), f"{e['library']}: {e['reason']}") for e in entries]
+
+
+def outside_fatbin(path: str) -> str | None:
+    """Why the kernels of the file at ``path`` may live outside its fatbin, or None."""
+    name = path.replace("\\", "/").rsplit("/", 1)[-1]
+    for pattern, why in _outside_fatbin():
+        if pattern.search(name):
+            return why
+    return None
+
+
+def _union(lists: Iterable[list[str]]) -> list[str]:
+    return sorted({a for items in lists for a in items}, key=Arch.parse)
+
+
+def _sorted_names(arches: Iterable[str]) -> list[str]:
+    return sorted(set(arches), key=Arch.parse)
+
+
+# --- auditing files --------------------------------------------------------------------------
+
+
+def audit_bytes(data: bytes | mmap.mmap, path: str) -> ObjectAudit:
+    """The audit of one ELF file's bytes. Raises :class:`NotElf` for anything else."""
+    sass, ptx, lto = set(), set(), set()
+    for blob in elf_sections(data, FATBIN_SECTIONS).values():
+        for entry in fatbin_entries(blob):
+            if entry.kind == KIND_PTX:
+                ptx.add(entry.arch.ptx)
+            elif entry.kind == KIND_LTO:
+                lto.add(f"lto_{entry.arch.number}")
+            elif entry.kind == KIND_ELF:
+                sass.add(entry.arch.sass)
+    return ObjectAudit(
+        path=path, sass=_sorted_names(sass), ptx=_sorted_names(ptx), lto=_sorted_names(lto)
+    )
+
+
+def audit_file(path: Path, *, shown: str | None = None, tool: str | None = None) -> ObjectAudit:
+    """The audit of one compiled file; with ``tool`` (a cuobjdump binary), ask cuobjdump instead."""
+    shown = shown or path.name
+    if tool:
+        return _cuobjdump(path, shown, tool)
+    try:
+        with path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise InputFileError(path, "is empty, not a compiled object")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return audit_bytes(data, shown)
+    except NotElf as exc:
+        raise InputFileError(path, f"cannot be audited: {exc}") from None
+    except (struct.error, IndexError) as exc:
+        raise InputFileError(path, f"is a damaged ELF file ({exc})") from None
+    except OSError as exc:
+        raise InputFileError(path, f"cannot be read: {exc.strerror}") from None
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def audit_tree(root: Path, *, tool: str | None = None) -> Audit:
+    """Audit every ELF file under ``root`` (extensions, shared libraries, objects)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+    audits = [
+        audit_file(p, shown=p.relative_to(root).as_posix(), tool=tool) for p in files if _is_elf(p)
+    ]
+    return Audit(tool="cuobjdump" if tool else "fatbin", files=audits)
+
+
+def audit_wheel(wheel: Path, *, tool: str | None = None) -> Audit:
+    """Audit every ELF member of a wheel (each is unpacked to a temporary file, one at a time)."""
+    audits: list[ObjectAudit] = []
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for info in sorted(zf.infolist(), key=lambda i: i.filename):
+                if info.is_dir():
+                    continue
+                with zf.open(info) as member:
+                    if member.read(4) != b"\x7fELF":
+                        continue
+                with _unpacked(zf, info) as tmp:
+                    audits.append(audit_file(tmp, shown=info.filename, tool=tool))
+    except zipfile.BadZipFile as exc:
+        raise InputFileError(wheel, f"is not a wheel (zip): {exc}") from None
+    except FileNotFoundError:
+        raise InputFileError(wheel, "no such file") from None
+    return Audit(tool="cuobjdump" if tool else "fatbin", files=audits)
+
+
+@contextmanager
+def _unpacked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[Path]:
+    with scratch.temp_dir("audit-") as tmp:
+        target = Path(tmp) / Path(info.filename).name
+        with zf.open(info) as src, target.open("wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        yield target
+
+
+# --- cuobjdump, where present ----------------------------------------------------------------
+
+_CUOBJ_LINE = re.compile(
+    r"^(ELF|PTX) file\s+\d+:\s+\S*?\.(?:sm|compute)_(\d+[af]?)\.(?:cubin|ptx)\s*$"
+)
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from ``$ENVBUILD_CUOBJDUMP``, beside the nvcc envbuild uses, or PATH."""
+    if found := os.environ.get("ENVBUILD_CUOBJDUMP"):
+        return found
+    from envbuild.sourcebuild.toolchain import find_nvcc
+
+    nvcc = find_nvcc(required=False)
+    if nvcc is not None and (Path(nvcc).parent / "cuobjdump").is_file():
+        return str(Path(nvcc).parent / "cuobjdump")
+    import shutil
+
+    return shutil.which("cuobjdump")
+
+
+def _cuobjdump(path: Path, shown: str, tool: str) -> ObjectAudit:
+    sass: set[str] = set()
+    ptx: set[str] = set()
+    for flag in ("--list-elf", "--list-ptx"):
+        done = proc.run([tool, "-all", flag, path], tool="cuobjdump", check=False)
+        for line in (done.stdout + done.stderr).splitlines():
+            m = _CUOBJ_LINE.match(line.strip())
+            if m:
+                arch = Arch.parse(m.group(2))
+                (sass if m.group(1) == "ELF" else ptx).add(
+                    arch.sass if m.group(1) == "ELF" else arch.ptx
+                )
+    return ObjectAudit(path=shown, sass=_sorted_names(sass), ptx=_sorted_names(ptx))

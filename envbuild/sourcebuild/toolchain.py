@@ -1,0 +1,403 @@
+"""The compilers a source build uses: where they are, which versions, which GPU archs they can emit.
+
+nvcc is looked for in ``$ENVBUILD_NVCC``, ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, PATH and
+``/usr/local/cuda/bin``, in that order. NVIDIA's PyPI wheels (``nvidia-cuda-nvcc`` with
+``nvidia-cuda-crt``, ``nvidia-nvvm`` and ``nvidia-cuda-runtime``) lay out a working toolkit under
+``site-packages/nvidia/cu13``; point ``ENVBUILD_NVCC`` or ``CUDA_HOME`` there.
+
+Also here: reading the arch lists of the build flags (``TORCH_CUDA_ARCH_LIST`` in torch's
+``8.0;9.0+PTX`` form, ``FLASH_ATTN_CUDA_ARCHS`` in flash-attn's ``80;90;120`` form) and choosing
+``MAX_JOBS`` from free memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from envbuild import proc
+from envbuild.errors import ToolNotFound
+from envbuild.sourcebuild.audit import Arch
+
+NVCC_HINT = (
+    "install the CUDA toolkit (/usr/local/cuda), or NVIDIA's wheels: `pip install "
+    "nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-runtime`, then set ENVBUILD_NVCC "
+    "(or CUDA_HOME) to that toolkit"
+)
+
+#: flash-attn's own estimate: about 9 GB of memory per compile job at 4 nvcc threads.
+GB_PER_JOB_AT_4_THREADS = 9.0
+
+
+def find_nvcc(*, required: bool = True, env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    candidates: list[str] = []
+    if value := env.get("ENVBUILD_NVCC"):
+        if not (os.access(value, os.X_OK) and Path(value).is_file()):
+            if not required:
+                return None
+            raise ToolNotFound(
+                f"nvcc (the CUDA compiler) at ENVBUILD_NVCC={value}",
+                hint="point ENVBUILD_NVCC at an nvcc binary, or unset it to search CUDA_HOME, "
+                "PATH and /usr/local/cuda",
+            )
+        return value
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if value := env.get(var):
+            candidates.append(str(Path(value) / "bin" / "nvcc"))
+    if found := shutil.which("nvcc", path=env.get("PATH")):
+        candidates.append(found)
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK) and Path(candidate).is_file():
+            return candidate
+    if required:
+        raise ToolNotFound("nvcc (the CUDA compiler)", hint=NVCC_HINT)
+    return None
+
+
+@dataclass(frozen=True)
+class Nvcc:
+    path: str
+    version: str  # 13.0.88
+    sass: tuple[str, ...]  # sm_75 … as `nvcc --list-gpu-code` says
+    ptx: tuple[str, ...]  # compute_75 …
+    home: str | None = None  # the toolkit nvcc says it runs from (None: from its path)
+
+    @property
+    def release(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+    @property
+    def cuda_home(self) -> str:
+        return self.home or str(Path(self.path).resolve().parent.parent)
+
+    def can_compile(self, arch: Arch, *, ptx: bool = False) -> bool:
+        """Whether this toolkit can emit code for ``arch`` (an a/f variant needs its base arch)."""
+        base = Arch(arch.major, arch.minor)
+        return (base.ptx in self.ptx) if ptx else (base.sass in self.sass)
+
+
+#: What a toolkit made of NVIDIA's wheels needs beside nvcc to compile a torch extension, by
+#: the wheel that ships it: (path under CUDA_HOME, alternatives, wheel).
+_TOOLKIT_PARTS = (
+    ("nvvm/bin/cicc", (), "nvidia-nvvm"),
+    ("include/crt/host_config.h", ("bin/crt/host_config.h",), "nvidia-cuda-crt"),
+    ("include/cuda_runtime.h", (), "nvidia-cuda-runtime"),
+    # cuda_fp16.h includes <nv/target>: CCCL's, under include/cccl from CUDA 13 on
+    ("include/cccl/nv/target", ("include/nv/target",), "nvidia-cuda-cccl"),
+)
+
+
+def check_toolkit(nvcc: Nvcc) -> None:
+    """The toolkit around ``nvcc`` has what a CUDA extension build includes and runs (nvvm's
+    cicc, crt, the runtime headers, CCCL's ``nv/target``): a missing part is one clear
+    message naming the wheel that ships it, before a build starts, not a compile error an
+    hour in."""
+    home = Path(nvcc.cuda_home)
+    for path, alternatives, wheel in _TOOLKIT_PARTS:
+        if not any((home / p).is_file() for p in (path, *alternatives)):
+            raise ToolNotFound(
+                f"{path} of the CUDA toolkit at {home} (nvcc {nvcc.version})",
+                hint=f"it comes with NVIDIA's {wheel} wheel: install `{wheel}=={nvcc.release}.*` "
+                "beside nvcc (as scripts/test does), or use a whole toolkit (/usr/local/cuda)",
+            )
+
+
+_NVCC_VERSION = re.compile(r"\bV(\d+\.\d+\.\d+)")
+
+
+def nvcc_info(path: str) -> Nvcc:
+    env = proc.child_env()
+    version_out = proc.run([path, "--version"], tool="nvcc", env=env).stdout
+    codes = proc.run([path, "--list-gpu-code"], tool="nvcc", env=env).stdout
+    archs = proc.run([path, "--list-gpu-arch"], tool="nvcc", env=env).stdout
+    found = parse_nvcc(path, version_out, codes, archs)
+    return Nvcc(found.path, found.version, found.sass, found.ptx, toolkit_home(path))
+
+
+_HERE = re.compile(r"^#\$ _HERE_=(.+)$", re.MULTILINE)
+
+
+def toolkit_home(nvcc: str) -> str:
+    """The toolkit ``nvcc`` runs from, as nvcc itself says (``--dryrun`` prints its
+    ``_HERE_``, the folder of the real binary): an nvcc on PATH may be a wrapper script
+    (``exec /usr/local/cuda-13.0/bin/nvcc "$@"`` in /usr/local/bin), whose own folder's parent
+    is no toolkit. Falls back to the resolved path's grandparent."""
+    done = proc.run(
+        [nvcc, "--dryrun", "-E", "-x", "cu", os.devnull],
+        tool="nvcc",
+        env=proc.child_env(),
+        check=False,
+    )
+    m = _HERE.search(done.stdout + done.stderr)
+    if m and Path(m.group(1).strip(), "nvcc").is_file():
+        return str(Path(m.group(1).strip()).resolve().parent)
+    return str(Path(nvcc).resolve().parent.parent)
+
+
+def parse_nvcc(path: str, version_out: str, codes: str, archs: str) -> Nvcc:
+    """An :class:`Nvcc` from what ``nvcc --version``, ``--list-gpu-code`` and
+    ``--list-gpu-arch`` printed (here or in a builder container)."""
+    m = _NVCC_VERSION.search(version_out)
+    if not m:
+        raise ToolNotFound(f"nvcc at {path} (its --version said nothing like V13.0.88)")
+    return Nvcc(
+        path=path,
+        version=m.group(1),
+        sass=tuple(c for c in codes.split() if c.startswith("sm_")),
+        ptx=tuple(a for a in archs.split() if a.startswith("compute_")),
+    )
+
+
+def compiler_version(name: str, *, env: Mapping[str, str] | None = None) -> str:
+    """``gcc``/``g++`` full version (``12.2.0``); ToolNotFound when the compiler is missing."""
+    found = shutil.which(name, path=(env or os.environ).get("PATH"))
+    if found is None:
+        raise ToolNotFound(
+            f"{name} (the host C/C++ compiler)",
+            hint="install it (Debian: apt-get install build-essential) or set CC/CXX",
+        )
+    out = proc.run([found, "-dumpfullversion", "-dumpversion"], tool=name).stdout.strip()
+    return out.splitlines()[0] if out else "unknown"
+
+
+# --- arch lists in build flags ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchRequest:
+    """One architecture a build flag asks for: SASS for ``arch``, PTX too when ``ptx``."""
+
+    variable: str
+    text: str
+    arch: Arch
+    sass: bool = True
+    ptx: bool = False
+
+
+def requested_archs(env: Mapping[str, str]) -> list[ArchRequest]:
+    """The archs named by ``TORCH_CUDA_ARCH_LIST`` and ``FLASH_ATTN_CUDA_ARCHS``.
+
+    Raises ValueError naming the variable and the item when an entry is not an architecture.
+    """
+    out: list[ArchRequest] = []
+    torch_list = env.get("TORCH_CUDA_ARCH_LIST", "")
+    for item in re.split(r"[;\s]+", torch_list.strip()):
+        if not item:
+            continue
+        plain = item.removesuffix("+PTX")
+        try:
+            arch = Arch.parse(plain)
+        except ValueError:
+            raise ValueError(
+                f"TORCH_CUDA_ARCH_LIST: {item!r} is not an architecture (expected like "
+                "8.0, 9.0a or 12.0+PTX)"
+            ) from None
+        out.append(ArchRequest("TORCH_CUDA_ARCH_LIST", item, arch, True, item.endswith("+PTX")))
+    for item in re.split(r"[;,\s]+", env.get("FLASH_ATTN_CUDA_ARCHS", "").strip()):
+        if not item:
+            continue
+        try:
+            arch = Arch.parse(item)
+        except ValueError:
+            raise ValueError(
+                f"FLASH_ATTN_CUDA_ARCHS: {item!r} is not an architecture (expected like 80 "
+                "or 120, separated by ';')"
+            ) from None
+        out.append(ArchRequest("FLASH_ATTN_CUDA_ARCHS", item, arch))
+    return out
+
+
+def unsupported(requests: list[ArchRequest], nvcc: Nvcc) -> list[ArchRequest]:
+    return [
+        r
+        for r in requests
+        if (r.sass and not nvcc.can_compile(r.arch))
+        or (r.ptx and not nvcc.can_compile(r.arch, ptx=True))
+    ]
+
+
+# --- MAX_JOBS --------------------------------------------------------------------------------
+
+
+def available_memory_bytes() -> int:
+    """Memory a build may use: MemAvailable, capped by the cgroup's limit when there is one."""
+    avail = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        avail = 0
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            avail = min(avail or int(limit), max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+_SIZE = re.compile(r"^\s*(\d{1,15}(?:\.\d{1,6})?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``12GiB``, ``12G`` or ``12GB`` (10^9), ``1500MB``, ``12000000000`` -> a positive number
+    of bytes; ValueError otherwise."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    power = "kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0
+    if m.group(3) and not power:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    value = int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive size")
+    return value
+
+
+def build_memory_budget(env: Mapping[str, str] | None = None) -> int:
+    """Memory a source build may use: :func:`available_memory_bytes`, capped by
+    ``$ENVBUILD_BUILD_MEMORY`` (``12GiB``) when set: on a machine shared with other work the
+    memory free now is not all the build's to take."""
+    env = os.environ if env is None else env
+    avail = available_memory_bytes()
+    if value := env.get("ENVBUILD_BUILD_MEMORY"):
+        from envbuild.errors import UsageError
+
+        try:
+            cap = parse_size(value)
+        except ValueError as exc:
+            raise UsageError(
+                f"ENVBUILD_BUILD_MEMORY: {exc}", hint="set it like ENVBUILD_BUILD_MEMORY=12GiB"
+            ) from None
+        return min(avail, cap) if avail else cap
+    return avail
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def choose_max_jobs(
+    nvcc_threads: int,
+    *,
+    memory: int | None = None,
+    cores: int | None = None,
+    per_job: JobMemory | None = None,
+) -> int:
+    """Compile jobs that fit: ``per_job`` (default :func:`job_memory` without a model: ~9 GB
+    per job at 4 nvcc threads) into ``memory`` (default: what is available now), at most one
+    per core, at least one."""
+    memory = available_memory_bytes() if memory is None else memory
+    cores = cpu_count() if cores is None else cores
+    return (per_job or job_memory(nvcc_threads, 0)).jobs_that_fit(memory, cores)
+
+
+# --- a CUDA_HOME for a build --------------------------------------------------------------------
+
+#: ``libcudart.so.13`` -> ``libcudart.so``: the dev link the linker's ``-lcudart`` looks for.
+_SONAME = re.compile(r"^(lib[^/]+\.so)\.\d+$")
+
+
+def assemble_cuda_home(toolkit: Path, site_packages: Sequence[Path], dest: Path) -> Path:
+    """A toolkit folder for one build, made of links: the nvcc toolkit's ``bin`` and ``nvvm``,
+    and ``include`` and ``lib64`` holding the toolkit's files and then those of the build venv's
+    NVIDIA wheels (``site-packages/nvidia/*/include|lib``: cuBLAS, cuSPARSE, cuSOLVER …, whose
+    headers torch's ``ATen/cuda`` headers include), the toolkit's winning a clash. NVIDIA's
+    wheels ship ``libcudart.so.13`` but not the ``libcudart.so`` that torch's ``-lcudart``
+    links against: each versioned library without one gets its unversioned link. A toolkit
+    that is already whole (``/usr/local/cuda``) gains only what it lacks."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for sub in ("bin", "nvvm"):
+        if (toolkit / sub).is_dir() and not (dest / sub).exists():
+            (dest / sub).symlink_to((toolkit / sub).resolve(), target_is_directory=True)
+    nvidia = [p / "nvidia" for p in site_packages]
+    roots = [toolkit, *sorted(d for n in nvidia if n.is_dir() for d in n.iterdir() if d.is_dir())]
+    for sub, dirs in (("include", ("include",)), ("lib64", ("lib64", "lib"))):
+        out = dest / sub
+        out.mkdir(exist_ok=True)
+        for root in roots:
+            for name in dirs:
+                folder = root / name
+                if not folder.is_dir():
+                    continue
+                for entry in sorted(folder.iterdir()):
+                    link = out / entry.name
+                    if not link.exists() and not link.is_symlink():
+                        link.symlink_to(entry.resolve())
+    lib = dest / "lib64"
+    for entry in sorted(lib.iterdir()):
+        m = _SONAME.match(entry.name)
+        if m and not (lib / m.group(1)).exists():
+            (lib / m.group(1)).symlink_to(entry.resolve())
+    return dest
+
+
+# --- memory per compile job ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What one compile job of a build needs, and where that figure comes from."""
+
+    per_job_bytes: int
+    source: str
+
+    def jobs_that_fit(self, memory: int, cores: int) -> int:
+        """Compile jobs that fit in ``memory``: at most one per core, at least one."""
+        return max(1, min(cores, memory // max(1, self.per_job_bytes)))
+
+
+def job_memory(
+    nvcc_threads: int, archs: int, *, gb_base: float | None = None, gb_per_arch: float | None = None
+) -> JobMemory:
+    """Peak memory of one compile job. nvcc's ``--threads T`` compiles min(T, archs) of a file's
+    archs at once, each its own cicc and ptxas, so a job needs ``gb_base + gb_per_arch *
+    min(T, archs)`` (a measured model from the knowledge base). Without one: flash-attn's own
+    rule, ~9 GB per job at 4 threads, scaled by threads."""
+    if gb_base is not None and gb_per_arch is not None:
+        at_once = max(1, min(max(1, nvcc_threads), max(1, archs)))
+        return JobMemory(
+            int((gb_base + gb_per_arch * at_once) * 1e9),
+            f"{gb_base:g} GB + {gb_per_arch:g} GB x {at_once} arch(s) at once "
+            f"(NVCC_THREADS={nvcc_threads}, {archs} arch(s))",
+        )
+    return JobMemory(
+        int(GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4),
+        f"flash-attn's estimate, ~{GB_PER_JOB_AT_4_THREADS:g} GB per job at 4 nvcc threads, "
+        f"scaled to {nvcc_threads}",
+    )
+
+
+def cuda_home_script(python: str, toolkit: str, dest: str) -> str:
+    """Shell lines that make :func:`assemble_cuda_home` of ``toolkit`` at ``dest`` with
+    ``python`` (a builder container's interpreter: the build venv's NVIDIA wheels are its
+    site-packages) and export it as ``CUDA_HOME``: the same function, run where the files are."""
+    import inspect
+    import shlex
+
+    code = (
+        "from __future__ import annotations\n"
+        "import re, sys, sysconfig\n"
+        "from pathlib import Path\n"
+        "from collections.abc import Sequence\n"
+        f"_SONAME = re.compile({_SONAME.pattern!r})\n"
+        + inspect.getsource(assemble_cuda_home)
+        + "assemble_cuda_home(Path(sys.argv[1]), [Path(sysconfig.get_paths()['purelib'])], "
+        "Path(sys.argv[2]))\n"
+    )
+    return (
+        f"{shlex.quote(python)} - {shlex.quote(toolkit)} {shlex.quote(dest)} <<'ENVBUILD_EOF'\n"
+        f"{code}ENVBUILD_EOF\n"
+        f"export CUDA_HOME={shlex.quote(dest)}\n"
+    )

@@ -1,0 +1,1 @@
+"""The content-addressed store: blobs, derivations, gc, verify, the remote cache."""
