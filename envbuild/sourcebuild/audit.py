@@ -11,18 +11,8 @@ entry headers are read: they are never compressed, so no decompressor is needed.
 checked against objects built with nvcc 13.0 for many ``-gencode`` combinations and against
 ``cuobjdump --list-elf/--list-ptx`` (see tests/sourcebuild/test_audit.py).
 
-Which code runs on which GPU follows the CUDA C++ Programming Guide:
-
-* "Binary Compatibility": a cubin generated for compute capability X.y runs only on devices of
-  compute capability X.z with z >= y. So sm_120 SASS *does* run on a 12.1 device (GB10), and
-  sm_80 SASS runs on 8.6 and 8.9, but sm_90 SASS never runs on 10.0 or 12.0.
-* "PTX Compatibility": PTX for compute_XY can be JIT-compiled by the driver for any device of
-  compute capability >= X.Y (a newer major included).
-* "Feature Set Compiler Targets" (CUDA 12.9+, also NVIDIA's blog "NVIDIA Blackwell and NVIDIA
-  CUDA 12.9 Introduce Family-Specific Architecture Features"): arch-specific targets (sm_90a,
-  sm_100a, compute_90a …) run only on exactly that compute capability, no forward or backward
-  compatibility; family-specific targets (sm_100f, compute_120f …) run on devices of the same
-  major with an equal or higher minor (sm_100f: 10.0 and 10.3; sm_120f: 12.0 and 12.1).
+Which code runs on which GPU is one rule, :func:`envbuild.spec.archs.runs_on` (CUDA's binary,
+PTX and feature-set compatibility), the same that spec validation and the toolchain check use.
 
 LTO-IR (``code=lto_90``) is listed but never counts: the driver does not JIT it.
 """
@@ -47,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import proc, scratch
 from envbuild.errors import InputFileError
+from envbuild.spec.archs import Arch, runs_on
 
-log = logging.getLogger("envbuild.sourcebuild.audit")
+log = logging.getLogger(__name__)
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -56,72 +47,6 @@ KIND_PTX, KIND_ELF, KIND_LTO = 1, 2, 8
 FLAG_ARCH_SPECIFIC = 0x100000
 FLAG_FAMILY_SPECIFIC = 0x200000
 FLAG_COMPRESSED = 0x2000 | 0x8000
-
-_ARCH = re.compile(r"^(?:(sm|compute|lto)_)?(\d{2,3})([af]?)$")
-_CC = re.compile(r"^(\d{1,2})\.(\d)([af]?)$")
-
-
-@dataclass(frozen=True, order=True)
-class Arch:
-    """A GPU architecture: compute capability ``major.minor`` plus an ``a``/``f`` suffix."""
-
-    major: int
-    minor: int
-    suffix: Literal["", "a", "f"] = ""
-
-    @classmethod
-    def parse(cls, text: str) -> Arch:
-        """``sm_90a``, ``compute_120``, ``120f``, ``12.0`` or ``9.0a``."""
-        text = text.strip()
-        if m := _CC.match(text):
-            return cls(int(m.group(1)), int(m.group(2)), _suffix(m.group(3)))
-        if m := _ARCH.match(text):
-            number = int(m.group(2))
-            return cls(number // 10, number % 10, _suffix(m.group(3)))
-        raise ValueError(f"{text!r} is not a GPU architecture (expected like sm_90, 9.0 or 12.0a)")
-
-    @classmethod
-    def from_sm(cls, number: int, flags: int = 0) -> Arch:
-        suffix: Literal["", "a", "f"] = (
-            "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY_SPECIFIC else ""
-        )
-        return cls(number // 10, number % 10, suffix)
-
-    @property
-    def number(self) -> str:
-        return f"{self.major}{self.minor}{self.suffix}"
-
-    @property
-    def cc(self) -> str:
-        return f"{self.major}.{self.minor}"
-
-    @property
-    def sass(self) -> str:
-        return f"sm_{self.number}"
-
-    @property
-    def ptx(self) -> str:
-        return f"compute_{self.number}"
-
-
-def _suffix(text: str) -> Literal["", "a", "f"]:
-    return "a" if text == "a" else "f" if text == "f" else ""
-
-
-def sass_runs_on(code: Arch, device: Arch) -> bool:
-    """Whether a cubin for ``code`` executes on a device of compute capability ``device``."""
-    if code.suffix == "a":
-        return (code.major, code.minor) == (device.major, device.minor)
-    return code.major == device.major and device.minor >= code.minor
-
-
-def ptx_runs_on(code: Arch, device: Arch) -> bool:
-    """Whether the driver can JIT PTX for ``code`` on a device of compute capability ``device``."""
-    if code.suffix == "a":
-        return (code.major, code.minor) == (device.major, device.minor)
-    if code.suffix == "f":
-        return code.major == device.major and device.minor >= code.minor
-    return (device.major, device.minor) >= (code.major, code.minor)
 
 
 # --- reading the bytes -----------------------------------------------------------------------
@@ -140,6 +65,12 @@ class FatbinEntry:
 
 class NotElf(ValueError):
     pass
+
+
+def entry_arch(number: int, flags: int) -> Arch:
+    """The arch of an entry's SM number, its ``a``/``f`` suffix taken from the entry's flags."""
+    suffix = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY_SPECIFIC else ""
+    return Arch.from_number(number, suffix)
 
 
 def elf_sections(data: bytes | mmap.mmap, names: Iterable[str]) -> dict[str, bytes]:
@@ -201,7 +132,7 @@ def fatbin_entries(blob: bytes) -> Iterator[FatbinEntry]:
             (flags,) = struct.unpack_from("<Q", blob, entry + 0x28)
             if entry_size < 64:
                 break
-            yield FatbinEntry(kind, Arch.from_sm(sm, flags), flags)
+            yield FatbinEntry(kind, entry_arch(sm, flags), flags)
             entry += entry_size + size
         at = max(end, at + 16)
 
@@ -230,10 +161,10 @@ class ObjectAudit(_Model):
         ``"compute_80 PTX (JIT)"``, or None when they cannot."""
         device = Arch.parse(cc)
         for name in self.sass:
-            if sass_runs_on(Arch.parse(name), device):
+            if runs_on(Arch.parse(name), device):
                 return f"{name} SASS"
         for name in self.ptx:
-            if ptx_runs_on(Arch.parse(name), device):
+            if runs_on(Arch.parse(name), device, ptx=True):
                 return f"{name} PTX (JIT)"
         return None
 

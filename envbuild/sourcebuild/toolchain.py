@@ -12,6 +12,7 @@ Also here: reading the arch lists of the build flags (``TORCH_CUDA_ARCH_LIST`` i
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -21,7 +22,9 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import ToolNotFound
-from envbuild.sourcebuild.audit import Arch
+from envbuild.spec.archs import Arch, ArchRequest, ListFormat, parse_list
+
+log = logging.getLogger(__name__)
 
 NVCC_HINT = (
     "install the CUDA toolkit (/usr/local/cuda), or NVIDIA's wheels: `pip install "
@@ -34,6 +37,8 @@ GB_PER_JOB_AT_4_THREADS = 9.0
 
 
 def find_nvcc(*, required: bool = True, env: Mapping[str, str] | None = None) -> str | None:
+    """nvcc from ``$ENVBUILD_NVCC``, ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, PATH or
+    ``/usr/local/cuda/bin``; ToolNotFound (or None when not ``required``) without one."""
     env = os.environ if env is None else env
     candidates: list[str] = []
     if value := env.get("ENVBUILD_NVCC"):
@@ -169,51 +174,31 @@ def compiler_version(name: str, *, env: Mapping[str, str] | None = None) -> str:
 # --- arch lists in build flags ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ArchRequest:
-    """One architecture a build flag asks for: SASS for ``arch``, PTX too when ``ptx``."""
-
-    variable: str
-    text: str
-    arch: Arch
-    sass: bool = True
-    ptx: bool = False
+#: The arch-list build flags a build is checked for, and how the tool reading each spells it.
+ARCH_FLAGS: tuple[tuple[str, ListFormat], ...] = (
+    ("TORCH_CUDA_ARCH_LIST", "torch"),
+    ("FLASH_ATTN_CUDA_ARCHS", "sm"),
+)
 
 
 def requested_archs(env: Mapping[str, str]) -> list[ArchRequest]:
-    """The archs named by ``TORCH_CUDA_ARCH_LIST`` and ``FLASH_ATTN_CUDA_ARCHS``.
+    """The archs named by ``TORCH_CUDA_ARCH_LIST`` and ``FLASH_ATTN_CUDA_ARCHS``, read by
+    :func:`envbuild.spec.archs.parse_list` as spec validation reads them.
 
-    Raises ValueError naming the variable and the item when an entry is not an architecture.
+    Raises ValueError naming the variable and the item when an item is one the build would
+    refuse or misread.
     """
     out: list[ArchRequest] = []
-    torch_list = env.get("TORCH_CUDA_ARCH_LIST", "")
-    for item in re.split(r"[;\s]+", torch_list.strip()):
-        if not item:
-            continue
-        plain = item.removesuffix("+PTX")
-        try:
-            arch = Arch.parse(plain)
-        except ValueError:
-            raise ValueError(
-                f"TORCH_CUDA_ARCH_LIST: {item!r} is not an architecture (expected like "
-                "8.0, 9.0a or 12.0+PTX)"
-            ) from None
-        out.append(ArchRequest("TORCH_CUDA_ARCH_LIST", item, arch, True, item.endswith("+PTX")))
-    for item in re.split(r"[;,\s]+", env.get("FLASH_ATTN_CUDA_ARCHS", "").strip()):
-        if not item:
-            continue
-        try:
-            arch = Arch.parse(item)
-        except ValueError:
-            raise ValueError(
-                f"FLASH_ATTN_CUDA_ARCHS: {item!r} is not an architecture (expected like 80 "
-                "or 120, separated by ';')"
-            ) from None
-        out.append(ArchRequest("FLASH_ATTN_CUDA_ARCHS", item, arch))
+    for variable, fmt in ARCH_FLAGS:
+        found, bad = parse_list(variable, env.get(variable, ""), fmt)
+        if bad:
+            raise ValueError(f"{bad[0].message} ({bad[0].hint})")
+        out += found
     return out
 
 
 def unsupported(requests: list[ArchRequest], nvcc: Nvcc) -> list[ArchRequest]:
+    """The requests ``nvcc`` cannot emit code for."""
     return [
         r
         for r in requests

@@ -1,4 +1,4 @@
-"""The fatbin audit against real objects from nvcc, and CUDA's compatibility rules."""
+"""The fatbin audit against real objects from nvcc (what runs where: tests/spec/test_archs.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,11 @@ import pytest
 
 from envbuild.errors import InputFileError
 from envbuild.sourcebuild.audit import (
-    Arch,
     ObjectAudit,
     audit_file,
     audit_tree,
     audit_wheel,
     find_cuobjdump,
-    ptx_runs_on,
-    sass_runs_on,
 )
 
 KERNEL = """
@@ -130,35 +127,6 @@ def test_not_an_object(tmp_path: Path) -> None:
     bogus.write_text("not elf")
     with pytest.raises(InputFileError, match="not an ELF file"):
         audit_file(bogus)
-
-
-@pytest.mark.parametrize(
-    ("code", "device", "sass", "ptx"),
-    [
-        # Binary compatibility: same major, equal or higher minor.
-        ("sm_120", "12.1", True, True),
-        ("sm_120", "12.0", True, True),
-        ("sm_121", "12.0", False, False),
-        ("sm_80", "8.6", True, True),
-        ("sm_90", "10.0", False, True),  # SASS never crosses a major; PTX JITs forward
-        ("sm_100", "10.3", True, True),
-        ("sm_80", "12.0", False, True),
-        ("sm_120", "10.0", False, False),
-        # Arch-specific: exactly that capability.
-        ("sm_90a", "9.0", True, True),
-        ("sm_100a", "10.3", False, False),
-        ("sm_120a", "12.1", False, False),
-        # Family-specific: the same major, equal or higher minor.
-        ("sm_100f", "10.3", True, True),
-        ("sm_100f", "11.0", False, False),
-        ("sm_100f", "12.0", False, False),
-        ("sm_120f", "12.1", True, True),
-    ],
-)
-def test_compatibility_rules(code: str, device: str, sass: bool, ptx: bool) -> None:
-    arch, dev = Arch.parse(code), Arch.parse(device)
-    assert sass_runs_on(arch, dev) is sass
-    assert ptx_runs_on(arch, dev) is ptx
 
 
 def test_missing_explains_how_each_gpu_runs() -> None:

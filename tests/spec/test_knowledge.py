@@ -8,8 +8,8 @@ from importlib import resources
 
 import pytest
 
-from envbuild.spec import archs, load_spec
 from envbuild.spec import knowledge as kb
+from envbuild.spec import load_spec
 from spec.cases import CASES
 
 
@@ -169,30 +169,3 @@ def test_flash_attn_flags():
     assert (fact.force_build_env, fact.force_build_value) == ("FLASH_ATTENTION_FORCE_BUILD", "TRUE")
     assert {"MAX_JOBS", "NVCC_THREADS"} <= set(fact.int_env)
     assert kb.source_build("flash-attn", "2.5.0") is None
-
-
-@pytest.mark.parametrize(
-    ("written", "cc", "covered"),
-    [
-        ("8.0;9.0;12.0+PTX", "12.0", True),
-        ("8.0;9.0;12.0+PTX", "12.1", True),  # sm_120 code runs on 12.1
-        ("8.0;9.0", "12.0", False),
-        ("8.0;9.0+PTX", "12.0", True),  # PTX is JIT-compiled on newer GPUs
-        ("9.0a", "9.0", True),
-        ("9.0a", "10.0", False),
-        ("10.0", "10.3", True),
-        ("10.0", "12.0", False),  # different major: no binary compatibility
-        ("8.6", "8.0", False),  # newer minor code does not run on an older GPU
-    ],
-)
-def test_torch_arch_list_coverage(written, cc, covered):
-    found, bad = archs.parse_torch(written)
-    assert not bad
-    assert (archs.uncovered(found, [cc]) == []) is covered
-
-
-def test_sm_arch_lists():
-    found, bad = archs.parse_sm("80; 90 ,120 x9")
-    assert [a.capability for a in found] == ["8.0", "9.0", "12.0"]
-    assert bad == ["x9"]
-    assert [archs.sm(a) for a in found] == ["80", "90", "120"]

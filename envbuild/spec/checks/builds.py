@@ -4,16 +4,19 @@ compile."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 
 from packaging.version import Version
 
 from envbuild.errors import Problem
-from envbuild.spec import archs as archlist
+from envbuild.spec import archs
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import KeyPath, LoadedSpec
+
+log = logging.getLogger(__name__)
 
 #: Build flags that are counts for every build (envbuild.sourcebuild.realise refuses the same values
 #: when a build runs).
@@ -32,31 +35,23 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
     for name, build in spec.builds.items():
         key: KeyPath = ("builds", name)
         fact = kb.source_build(name, build.version)
-        lists: list[tuple[KeyPath, str, list[archlist.Arch]]] = []
+        lists: list[tuple[KeyPath, str, list[archs.ArchRequest]]] = []
         yield from _whole_numbers(loaded, key, build.env, fact)
         if fact is not None:
             yield from _known_build(loaded, key, name, build.env, fact)
             if fact.arch_env:
                 value = build.env.get(fact.arch_env, fact.arch_default or "")
                 where = (*key, "env", fact.arch_env) if fact.arch_env in build.env else key
-                found, bad = archlist.parse_sm(value)
-                for token in bad:
-                    yield loaded.problem(
-                        where,
-                        f"{token!r} in {fact.arch_env} is not an SM number",
-                        'write SM numbers without a dot, ";"-separated: "80;90;120"',
-                    )
+                found, bad = archs.parse_list(fact.arch_env, value, fact.arch_format)
+                for item in bad:
+                    yield loaded.problem(where, item.message, item.hint)
                 yield from _accepted(loaded, where, name, build.version, fact, found)
                 lists.append((where, fact.arch_env, found))
         tal = kb.knowledge().torch_cuda_arch_list.env
         if tal in build.env:
-            found, bad = archlist.parse_torch(build.env[tal])
-            for token in bad:
-                yield loaded.problem(
-                    (*key, "env", tal),
-                    f"{token!r} in {tal} is not a compute capability",
-                    'write it like "8.0;9.0;12.0+PTX"',
-                )
+            found, bad = archs.parse_list(tal, build.env[tal], "torch")
+            for item in bad:
+                yield loaded.problem((*key, "env", tal), item.message, item.hint)
             lists.append(((*key, "env", tal), tal, found))
         if not lists:
             yield loaded.problem(
@@ -67,7 +62,7 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
                 severity=WARNING,
             )
         for where, env, found in lists:
-            missing = archlist.uncovered(found, ccs)
+            missing = archs.uncovered(found, ccs)
             if missing:
                 shown = "; ".join(str(a) for a in found) or "nothing"
                 yield loaded.problem(
@@ -78,7 +73,7 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
                 )
             if toolkit and spec.cuda:
                 bad_archs = sorted(
-                    {a.capability for a in found if a.capability not in toolkit.archs},
+                    {r.arch.cc for r in found if r.arch.cc not in toolkit.archs},
                     key=Version,
                 )
                 if bad_archs:
@@ -136,11 +131,11 @@ def _accepted(
     name: str,
     version: str,
     fact: kb.SourceBuildFact,
-    found: list[archlist.Arch],
+    found: list[archs.ArchRequest],
 ) -> Iterator[Problem]:
     spec = loaded.spec
-    for arch in found:
-        sm = archlist.sm(arch)
+    for request in found:
+        arch, sm = request.arch, request.arch.number
         if fact.arch_accepted is not None and sm not in fact.arch_accepted:
             yield loaded.problem(
                 where,
