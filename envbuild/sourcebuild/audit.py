@@ -333,25 +333,11 @@ def _unpacked(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[Path]:
         yield target
 
 
-# --- cuobjdump, where present ----------------------------------------------------------------
+# --- cuobjdump, where present (toolchain.find_cuobjdump finds one) --------------------------
 
 _CUOBJ_LINE = re.compile(
     r"^(ELF|PTX) file\s+\d+:\s+\S*?\.(?:sm|compute)_(\d+[af]?)\.(?:cubin|ptx)\s*$"
 )
-
-
-def find_cuobjdump() -> str | None:
-    """cuobjdump from ``$ENVBUILD_CUOBJDUMP``, beside the nvcc envbuild uses, or PATH."""
-    if found := os.environ.get("ENVBUILD_CUOBJDUMP"):
-        return found
-    from envbuild.sourcebuild.toolchain import find_nvcc
-
-    nvcc = find_nvcc(required=False)
-    if nvcc is not None and (Path(nvcc).parent / "cuobjdump").is_file():
-        return str(Path(nvcc).parent / "cuobjdump")
-    import shutil
-
-    return shutil.which("cuobjdump")
 
 
 def _cuobjdump(path: Path, shown: str, tool: str) -> ObjectAudit:

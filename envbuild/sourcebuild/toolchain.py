@@ -1,13 +1,13 @@
 """The compilers a source build uses: where they are, which versions, which GPU archs they can emit.
 
 nvcc is looked for in ``$ENVBUILD_NVCC``, ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, PATH and
-``/usr/local/cuda/bin``, in that order. NVIDIA's PyPI wheels (``nvidia-cuda-nvcc`` with
+``/usr/local/cuda/bin``, in that order; cuobjdump (the audit's reference reader) in
+``$ENVBUILD_CUOBJDUMP``, beside nvcc, then PATH. NVIDIA's PyPI wheels (``nvidia-cuda-nvcc`` with
 ``nvidia-cuda-crt``, ``nvidia-nvvm`` and ``nvidia-cuda-runtime``) lay out a working toolkit under
 ``site-packages/nvidia/cu13``; point ``ENVBUILD_NVCC`` or ``CUDA_HOME`` there.
 
-Also here: reading the arch lists of the build flags (``TORCH_CUDA_ARCH_LIST`` in torch's
-``8.0;9.0+PTX`` form, ``FLASH_ATTN_CUDA_ARCHS`` in flash-attn's ``80;90;120`` form) and choosing
-``MAX_JOBS`` from free memory.
+Also here: whether nvcc can emit the archs the build flags ask for (read by
+:mod:`envbuild.spec.archs`), ``MAX_JOBS`` from free memory, and a ``CUDA_HOME`` for one build.
 """
 
 from __future__ import annotations
@@ -63,6 +63,18 @@ def find_nvcc(*, required: bool = True, env: Mapping[str, str] | None = None) ->
     if required:
         raise ToolNotFound("nvcc (the CUDA compiler)", hint=NVCC_HINT)
     return None
+
+
+def find_cuobjdump(*, env: Mapping[str, str] | None = None) -> str | None:
+    """cuobjdump (the reference reader of fatbins the audit can use) from
+    ``$ENVBUILD_CUOBJDUMP``, beside the nvcc envbuild uses, or PATH; None without one."""
+    env = os.environ if env is None else env
+    if found := env.get("ENVBUILD_CUOBJDUMP"):
+        return found
+    nvcc = find_nvcc(required=False, env=env)
+    if nvcc is not None and (Path(nvcc).parent / "cuobjdump").is_file():
+        return str(Path(nvcc).parent / "cuobjdump")
+    return shutil.which("cuobjdump", path=env.get("PATH"))
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from envbuild.sourcebuild.audit import (
     audit_file,
     audit_tree,
     audit_wheel,
-    find_cuobjdump,
 )
+from envbuild.sourcebuild.toolchain import find_cuobjdump
 
 KERNEL = """
 __global__ void add(float *a, const float *b, int n) {
@@ -136,3 +136,15 @@ def test_missing_explains_how_each_gpu_runs() -> None:
     assert audit.runs_on("12.0") == "compute_90 PTX (JIT)"
     assert audit.runs_on("7.5") is None
     assert audit.missing(["7.5", "8.0", "12.0"]) == ["7.5"]
+
+
+def test_find_cuobjdump_beside_nvcc(tmp_path: Path) -> None:
+    assert find_cuobjdump(env={"ENVBUILD_CUOBJDUMP": "/opt/cuobjdump"}) == "/opt/cuobjdump"
+    bin_dir = tmp_path / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("nvcc", "cuobjdump"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    assert find_cuobjdump(env={"ENVBUILD_NVCC": str(bin_dir / "nvcc")}) == str(
+        bin_dir / "cuobjdump"
+    )
