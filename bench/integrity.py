@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from envbuild import proc
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import sha256_limit
-from envbuild.snapshot.model import PythonEnv
+from envbuild.snapshot.model.pyenv import PythonEnv
 from envbuild.snapshot.pyenv import Interpreter, _find_dists, probe, scan_site_packages
 from envbuild.snapshot.records import Mode
 

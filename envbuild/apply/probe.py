@@ -16,7 +16,7 @@ from pathlib import Path
 from envbuild.errors import EnvironmentFailure
 from envbuild.snapshot import cuda
 from envbuild.snapshot import gpu as snapshot_gpu
-from envbuild.snapshot.model import GpuSection
+from envbuild.snapshot.model.gpu import GpuSection
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,8 @@ from envbuild.snapshot import (
     systemd,
     torchinfo,
 )
-from envbuild.snapshot.model import (
-    SCHEMA_VERSION,
-    LinkFinding,
-    PythonEnv,
-    Snapshot,
-    load_snapshot,
-    parse_snapshot,
-)
+from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
+from envbuild.snapshot.model.pyenv import LinkFinding, PythonEnv
 from envbuild.snapshot.redact import Redactor
 
 log = logging.getLogger("envbuild.snapshot")

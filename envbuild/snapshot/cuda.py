@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure
-from envbuild.snapshot.model import CudaLibrary, CudaToolkit
+from envbuild.snapshot.model.host import CudaLibrary, CudaToolkit
 
 log = logging.getLogger("envbuild.snapshot.cuda")
 

@@ -15,15 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import ManifestError
-from envbuild.snapshot.model import (
-    KIND,
-    AddedFile,
-    Gpu,
-    PythonEnv,
-    Snapshot,
-    parse_snapshot,
-    read_json,
-)
+from envbuild.snapshot.jsonfile import read_json
+from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
+from envbuild.snapshot.model.gpu import Gpu
+from envbuild.snapshot.model.pyenv import AddedFile, PythonEnv
 from envbuild.snapshot.refs import check_build_manifest
 
 ABSENT = "∅"

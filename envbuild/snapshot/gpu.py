@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from envbuild.snapshot.model import Gpu, GpuConfig, GpuLink, GpuProcess, GpuSection, GpuState
+from envbuild.snapshot.model.gpu import Gpu, GpuConfig, GpuLink, GpuProcess, GpuSection, GpuState
 
 log = logging.getLogger("envbuild.snapshot.gpu")
 

@@ -9,7 +9,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from envbuild.snapshot.model import Disk, Host, OsInfo
+from envbuild.snapshot.model.host import Disk, Host, OsInfo
 
 
 def _os_release(path: Path = Path("/etc/os-release")) -> OsInfo:

@@ -15,7 +15,7 @@ import os
 
 from pydantic import ValidationError
 
-from envbuild.snapshot.model import PatchedDist, PatchFile, PythonEnv
+from envbuild.snapshot.model.pyenv import PatchedDist, PatchFile, PythonEnv
 from envbuild.sourcebuild.patches import PATCHES_FILE
 
 log = logging.getLogger("envbuild.snapshot")

@@ -36,7 +36,7 @@ from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UserError
 from envbuild.snapshot import records
 from envbuild.snapshot.hashing import hash_one, stat_one
-from envbuild.snapshot.model import AddedFile, Distribution, FileModes, PythonEnv
+from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv
 from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 
 log = logging.getLogger("envbuild.snapshot.pyenv")

@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple
 
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import BIG, hash_one, stat_one
-from envbuild.snapshot.model import ModifiedFile, Overlap
+from envbuild.snapshot.model.pyenv import ModifiedFile, Overlap
 
 Mode = Literal["full", "quick"]
 

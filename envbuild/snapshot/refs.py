@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError,
 
 from envbuild.errors import ManifestError, NewerFormat
 from envbuild.fsio import sha256_bytes, sha256_file
-from envbuild.snapshot.model import ImageRef, SpecRef, read_json, validation_summary
+from envbuild.snapshot.jsonfile import read_json
+from envbuild.snapshot.model import ImageRef, SpecRef, validation_summary
 
 #: File names a build manifest may have in an image folder, in the order they are tried.
 BUILD_MANIFEST_NAMES = ("build-manifest.json", "build.json", "manifest.json", "image.json")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure
-from envbuild.snapshot.model import Service, SystemdSection
+from envbuild.snapshot.model.services import Service, SystemdSection
 from envbuild.snapshot.redact import Redactor
 
 log = logging.getLogger("envbuild.snapshot.systemd")

@@ -11,7 +11,7 @@ import logging
 import os
 import re
 
-from envbuild.snapshot.model import PythonEnv, TorchBuild
+from envbuild.snapshot.model.pyenv import PythonEnv, TorchBuild
 
 log = logging.getLogger("envbuild.snapshot")
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from support.recordednvml import h200
 
 from envbuild.snapshot import gpu
-from envbuild.snapshot.model import GpuConfig, GpuSection, load_snapshot
+from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.gpu import GpuConfig, GpuSection
 
 SCOPE = ("--no-docker", "--no-systemd", "--no-models")
 

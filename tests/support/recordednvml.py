@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.snapshot.gpu import Nvml
-from envbuild.snapshot.model import GpuConfig, GpuState
+from envbuild.snapshot.model.gpu import GpuConfig, GpuState
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
