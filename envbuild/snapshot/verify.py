@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.snapshot import Options, take_snapshot
-from envbuild.snapshot.diff import DiffResult, compare, snapshot_facts
+from envbuild.snapshot.diff.compare import DiffResult, compare
+from envbuild.snapshot.diff.machine import snapshot_facts
 from envbuild.snapshot.gpu import Nvml, gpu_warnings
 from envbuild.snapshot.model import Snapshot, load_snapshot
 from envbuild.snapshot.records import Mode
