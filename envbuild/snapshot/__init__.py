@@ -20,6 +20,7 @@ from envbuild.snapshot import (
     gpu,
     hfcache,
     host,
+    nvml,
     patchinfo,
     pyenv,
     records,
@@ -55,7 +56,7 @@ class Options:
     systemd: bool = True
     models: bool = True
     cuda: bool = True
-    nvml: gpu.Nvml | None = None  # None: the real NVML
+    nvml: nvml.Nvml | None = None  # None: the real NVML
     links: bool = True  # run the link check over each environment
 
 

@@ -12,8 +12,9 @@ from typing import Any
 from envbuild.snapshot import Options, take_snapshot
 from envbuild.snapshot.diff.compare import DiffResult, compare
 from envbuild.snapshot.diff.machine import snapshot_facts
-from envbuild.snapshot.gpu import Nvml, gpu_warnings
+from envbuild.snapshot.gpu import gpu_warnings
 from envbuild.snapshot.model import Snapshot, load_snapshot
+from envbuild.snapshot.nvml import Nvml
 from envbuild.snapshot.records import Mode
 
 log = logging.getLogger("envbuild.snapshot.verify")
