@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.snapshot import hashing, records
-from envbuild.snapshot.pyenv import Interpreter, _find_dists, scan_site_packages
+from envbuild.snapshot.distinfo import find_dists
+from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +86,7 @@ def test_every_line_is_in_exactly_one_job(
     site: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     monkeypatch.setattr(records, "CHUNK_CHARS", chunk)
-    dists = _find_dists("test", [str(site)])
+    dists = find_dists("test", [str(site)])
     jobs = records.plan(dists)
     got: Counter[tuple[int, str]] = Counter()
     for job in jobs:
