@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import binascii
 import errno
 import hashlib
 import json
@@ -37,6 +38,15 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def record_digest(digest: bytes) -> str:
+    """A digest as a wheel's RECORD writes it after ``sha256=``: urlsafe base64 without padding
+    (binascii and a translation rather than base64's wrappers: the snapshot runs it per file)."""
+    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
 
 
 @contextmanager
