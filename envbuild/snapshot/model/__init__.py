@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from envbuild.errors import ManifestError, NewerFormat
+from envbuild.fsio import Converter, upgrade_format
 from envbuild.snapshot.jsonfile import read_json
 from envbuild.snapshot.model.base import Strict
 from envbuild.snapshot.model.gpu import GpuSection
@@ -84,11 +85,15 @@ def _from_1(data: dict[str, Any]) -> dict[str, Any]:
     """Version 2 added facts (GPU configuration and state, reserved GPU memory, the digests of
     drifted files, file modes); a version-1 manifest has none of them, which version 2 reads as
     unknown."""
-    return {**data, "schema_version": 2}
+    return dict(data)  # a copy: the upgrade writes the new version into it
 
 
 #: Converters from an older schema version to the next one.
-CONVERTERS: dict[int, Any] = {1: _from_1}
+CONVERTERS: dict[int, Converter] = {1: _from_1}
+
+
+def _stamp(data: dict[str, Any], version: int) -> None:
+    data["schema_version"] = version
 
 
 def schema() -> dict[str, Any]:
@@ -112,12 +117,15 @@ def parse_snapshot(data: Any, source: str) -> Snapshot:
             f"(up to {SCHEMA_VERSION})",
             hint="upgrade envbuild to read it",
         )
-    while version < SCHEMA_VERSION:
-        convert = CONVERTERS.get(version)
-        if convert is None:
-            raise ManifestError(f"{source}: snapshot schema version {version} is not known")
-        data = convert(data)
-        version = data["schema_version"]
+    data = upgrade_format(
+        data,
+        version,
+        SCHEMA_VERSION,
+        CONVERTERS,
+        stamp=_stamp,
+        too_old=lambda old: ManifestError(f"{source}: snapshot schema version {old} is not known"),
+        what=f"{source}: converting snapshot schema version",
+    )
     try:
         return Snapshot.model_validate(data)
     except ValidationError as exc:
