@@ -23,7 +23,7 @@ from envbuild.fsio import Converter, upgrade_format
 from envbuild.snapshot.jsonfile import read_json
 from envbuild.snapshot.model.base import Strict
 from envbuild.snapshot.model.gpu import GpuSection
-from envbuild.snapshot.model.host import CudaLibrary, CudaToolkit, Host
+from envbuild.snapshot.model.host import CudaLibrary, CudaToolkit, HostSection
 from envbuild.snapshot.model.pyenv import PythonEnv
 from envbuild.snapshot.model.services import DockerSection, HfCacheSection, SystemdSection
 
@@ -61,7 +61,7 @@ class Snapshot(Strict):
     taken_at: str | None = Field(
         default=None, description="UTC time (ISO 8601) or SOURCE_DATE_EPOCH; diff ignores it"
     )
-    host: Host
+    host: HostSection
     gpu: GpuSection
     pythons: list[PythonEnv] = Field(default_factory=list)
     cuda_toolkits: list[CudaToolkit] = Field(default_factory=list)

@@ -26,7 +26,7 @@ class Disk(Strict):
     free_bytes: Bytes = Field(description="space an unprivileged user can still write (volatile)")
 
 
-class Host(Strict):
+class HostSection(Strict):
     """The machine: its OS, kernel and hardware (memory available and free disk are volatile)."""
 
     hostname: str
