@@ -32,7 +32,7 @@ from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, par
 from envbuild.snapshot.model.pyenv import LinkFinding, PythonEnv
 from envbuild.snapshot.redact import Redactor
 
-log = logging.getLogger("envbuild.snapshot")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -3,6 +3,7 @@ any user can read (/etc/os-release, /proc/cpuinfo, /proc/meminfo, statvfs)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
@@ -10,6 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from envbuild.snapshot.model.host import Disk, HostSection, OsInfo
+
+log = logging.getLogger(__name__)
 
 
 def _os_release(path: Path = Path("/etc/os-release")) -> OsInfo:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import re
 from array import array
@@ -26,6 +27,8 @@ from envbuild.fsio import record_digest
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import BIG, hash_one, stat_one
 from envbuild.snapshot.model.pyenv import ModifiedFile, Overlap
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["full", "quick"]
 

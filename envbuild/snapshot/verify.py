@@ -17,7 +17,7 @@ from envbuild.snapshot.model import Snapshot, load_snapshot
 from envbuild.snapshot.nvml import Nvml
 from envbuild.snapshot.records import Mode
 
-log = logging.getLogger("envbuild.snapshot.verify")
+log = logging.getLogger(__name__)
 
 LIVE = "this machine"
 
