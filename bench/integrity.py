@@ -41,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from envbuild import proc
 from envbuild.snapshot import hashing
+from envbuild.snapshot.distinfo import find_dists
 from envbuild.snapshot.hashing import sha256_limit
-from envbuild.snapshot.model import PythonEnv
-from envbuild.snapshot.pyenv import Interpreter, _find_dists, probe, scan_site_packages
+from envbuild.snapshot.model.pyenv import PythonEnv
+from envbuild.snapshot.pyenv import Interpreter, probe, scan_site_packages
 from envbuild.snapshot.records import Mode
 
 DEFAULT_VENV = Path("/var/tmp/envbuild-bench/vllm-venv")
@@ -127,7 +128,7 @@ def openssl_peer(interp: Interpreter, cores: int) -> float | None:
     if shutil.which("openssl") is None:
         return None
     sizes = {
-        e.abs: e.size or 0 for d in _find_dists("bench", interp.site_packages) for e in d.entries()
+        e.abs: e.size or 0 for d in find_dists("bench", interp.site_packages) for e in d.entries()
     }
     paths = [p for p in sizes if os.path.isfile(p)]
     big = sorted((p for p in paths if sizes[p] >= hashing.BIG), key=lambda p: -sizes[p])

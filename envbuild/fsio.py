@@ -1,18 +1,23 @@
-"""Small file helpers every stage shares: atomic writes, canonical JSON, hashing."""
+"""Small file helpers every stage shares: atomic writes, canonical JSON, hashing, and the
+step-by-step upgrade of a document written in an older format."""
 
 from __future__ import annotations
 
+import binascii
 import errno
 import hashlib
 import json
+import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from envbuild.errors import EnvironmentFailure, OutputError
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 
@@ -37,6 +42,15 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def record_digest(digest: bytes) -> str:
+    """A digest as a wheel's RECORD writes it after ``sha256=``: urlsafe base64 without padding
+    (binascii and a translation rather than base64's wrappers: the snapshot runs it per file)."""
+    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
 
 
 @contextmanager
@@ -70,6 +84,35 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: Turns a document of format N into format N + 1.
+Converter = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def upgrade_format(
+    data: dict[str, Any],
+    version: int,
+    latest: int,
+    converters: Mapping[int, Converter],
+    *,
+    stamp: Callable[[dict[str, Any], int], None],
+    too_old: Callable[[int], Exception],
+    what: str,
+) -> dict[str, Any]:
+    """Convert ``data``, a document in format ``version``, one step at a time to ``latest``:
+    ``converters[n]`` turns format n into n + 1, then ``stamp(data, n + 1)`` writes the new
+    format into it. A format no converter reads raises ``too_old(n)``. Each step is logged as
+    ``what`` followed by the two formats (``lock.toml: converting lock format 2 to 3``)."""
+    while version < latest:
+        convert = converters.get(version)
+        if convert is None:
+            raise too_old(version)
+        log.info("%s %d to %d", what, version, version + 1)
+        data = convert(data)
+        version += 1
+        stamp(data, version)
+    return data
 
 
 def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:

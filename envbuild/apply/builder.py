@@ -23,7 +23,7 @@ from envbuild.apply.paths import Paths
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import canonical_json, fsync_dir, sha256_file, write_atomic
 from envbuild.snapshot import pyenv, records
-from envbuild.snapshot.model import PythonEnv
+from envbuild.snapshot.model.pyenv import PythonEnv
 
 log = logging.getLogger("envbuild.apply.builder")
 

@@ -7,7 +7,6 @@ exit 2 — or an *environment* problem (memory held, disk, toolkit, secrets) —
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -120,11 +119,6 @@ class LinkResult:
     checked: int  # ELF files looked at
     findings: list[tuple[str, str]]  # (id, line) of each finding the spec does not accept
     accepted: int = 0  # findings the spec accepts in [image.link_findings]
-
-
-def _norm_gpu(name: str) -> str:
-    name = re.sub(r"^nvidia\s+", "", name.strip().lower())
-    return re.sub(r"[\s_-]+", " ", name)
 
 
 def _gib(n: int) -> str:
@@ -455,10 +449,10 @@ def _gpu_check(spec: Spec, gpus: list[Gpu]) -> Check:
     have: dict[str, int] = {}
     names: dict[str, str] = {}
     for gpu in gpus:
-        have[_norm_gpu(gpu.name)] = have.get(_norm_gpu(gpu.name), 0) + 1
-        names[_norm_gpu(gpu.name)] = gpu.name
+        have[kb.gpu_name_key(gpu.name)] = have.get(kb.gpu_name_key(gpu.name), 0) + 1
+        names[kb.gpu_name_key(gpu.name)] = gpu.name
     for want in spec.host.gpus:
-        key = _norm_gpu(want.model)
+        key = kb.gpu_name_key(want.model)
         count = have.get(key, 0)
         if count < want.count:
             seen = ", ".join(f"{n} x {names[k]}" for k, n in sorted(have.items())) or "none"

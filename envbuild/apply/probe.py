@@ -2,8 +2,8 @@
 
 :class:`HostProbe` answers: the driver and GPUs, who holds GPU memory (and in which systemd
 unit), the CUDA toolkit, free disk. :class:`SystemProbe` is the real one, built on the snapshot
-stage's readers (NVML through :class:`envbuild.snapshot.gpu.Nvml`, nvcc, ``/proc``). Without a
-GPU, tests give it a small :class:`~envbuild.snapshot.gpu.Nvml` subclass and a ``/proc`` folder.
+stage's readers (NVML through :class:`envbuild.snapshot.nvml.Nvml`, nvcc, ``/proc``). Without a
+GPU, tests give it a small :class:`~envbuild.snapshot.nvml.Nvml` subclass and a ``/proc`` folder.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from envbuild.errors import EnvironmentFailure
 from envbuild.snapshot import cuda
 from envbuild.snapshot import gpu as snapshot_gpu
-from envbuild.snapshot.model import GpuSection
+from envbuild.snapshot.model.gpu import GpuSection
+from envbuild.snapshot.nvml import Nvml
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,7 @@ class HostProbe(ABC):
 class SystemProbe(HostProbe):
     """The real machine, read through the snapshot stage's readers."""
 
-    def __init__(
-        self, nvml: snapshot_gpu.Nvml | None = None, *, proc_root: Path = Path("/proc")
-    ) -> None:
+    def __init__(self, nvml: Nvml | None = None, *, proc_root: Path = Path("/proc")) -> None:
         self.nvml = nvml
         self.proc_root = proc_root
         self._section: GpuSection | None = None

@@ -14,7 +14,6 @@ named after the image's Python, and modes are normalized (umask must not leak in
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
 import io
@@ -30,6 +29,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild import proc, scratch
 from envbuild.errors import InputFileError, IntegrityError, ToolFailed, UserError
+from envbuild.fsio import record_digest
 
 log = logging.getLogger("envbuild.build.install")
 
@@ -479,8 +479,8 @@ def _rewrite_records(site: Path, changed: set[Path], gone: set[Path]) -> None:
                 continue
             if path in changed:
                 data = path.read_bytes()
-                digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
-                row = [row[0], f"sha256={digest.decode()}", str(len(data))]
+                digest = record_digest(hashlib.sha256(data).digest())
+                row = [row[0], f"sha256={digest}", str(len(data))]
                 dirty = True
             out.append(row)
         if dirty:

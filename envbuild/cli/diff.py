@@ -8,7 +8,8 @@ from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode
-from envbuild.snapshot.diff import diff_files, render_text
+from envbuild.snapshot.diff.compare import diff_files
+from envbuild.snapshot.diff.render import render_text
 
 
 def register(sub: Any) -> None:

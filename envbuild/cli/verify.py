@@ -8,7 +8,8 @@ from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode
-from envbuild.snapshot.diff import render_text, size_text
+from envbuild.snapshot.diff.facts import size_text
+from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.verify import GpuMemory, verify
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import tomllib
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from envbuild.errors import ManifestError, NewerFormat
+from envbuild.fsio import Converter, upgrade_format
 from envbuild.lock.model import LOCK_FORMAT, PEP751_VERSION, Lock
 
 log = logging.getLogger("envbuild.lock")
@@ -52,7 +52,7 @@ def _format_2_to_3(raw: dict[str, Any]) -> dict[str, Any]:
 
 #: ``format N -> format N+1`` converters of the raw ``[tool.envbuild]``-bearing document. Add one
 #: whenever :data:`LOCK_FORMAT` is bumped; keep the old format's lock under tests/cases/lock/.
-CONVERTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+CONVERTERS: dict[int, Converter] = {
     1: _format_1_to_2,
     2: _format_2_to_3,
 }
@@ -260,16 +260,20 @@ def upgrade(raw: dict[str, Any], source: str) -> dict[str, Any]:
             f"formats up to {LOCK_FORMAT})",
             hint="upgrade envbuild; do not relock with this one, it would downgrade the lock",
         )
-    while fmt < LOCK_FORMAT:
-        convert = CONVERTERS.get(fmt)
-        if convert is None:
-            raise ManifestError(
-                f"{source}: lock format {fmt} is too old to convert (this envbuild reads "
-                f"formats {min(CONVERTERS, default=LOCK_FORMAT)} to {LOCK_FORMAT})",
-                hint=_RELOCK.format(path=source),
-            )
-        log.info("%s: converting lock format %d to %d", source, fmt, fmt + 1)
-        raw = convert(raw)
-        fmt += 1
-        raw["tool"]["envbuild"]["format"] = fmt
-    return raw
+    return upgrade_format(
+        raw,
+        fmt,
+        LOCK_FORMAT,
+        CONVERTERS,
+        stamp=_stamp,
+        too_old=lambda old: ManifestError(
+            f"{source}: lock format {old} is too old to convert (this envbuild reads "
+            f"formats {min(CONVERTERS, default=LOCK_FORMAT)} to {LOCK_FORMAT})",
+            hint=_RELOCK.format(path=source),
+        ),
+        what=f"{source}: converting lock format",
+    )
+
+
+def _stamp(raw: dict[str, Any], fmt: int) -> None:
+    raw["tool"]["envbuild"]["format"] = fmt

@@ -20,6 +20,7 @@ from envbuild.snapshot import (
     gpu,
     hfcache,
     host,
+    nvml,
     patchinfo,
     pyenv,
     records,
@@ -27,17 +28,11 @@ from envbuild.snapshot import (
     systemd,
     torchinfo,
 )
-from envbuild.snapshot.model import (
-    SCHEMA_VERSION,
-    LinkFinding,
-    PythonEnv,
-    Snapshot,
-    load_snapshot,
-    parse_snapshot,
-)
+from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
+from envbuild.snapshot.model.pyenv import LinkFinding, PythonEnv
 from envbuild.snapshot.redact import Redactor
 
-log = logging.getLogger("envbuild.snapshot")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -61,7 +56,7 @@ class Options:
     systemd: bool = True
     models: bool = True
     cuda: bool = True
-    nvml: gpu.Nvml | None = None  # None: the real NVML
+    nvml: nvml.Nvml | None = None  # None: the real NVML
     links: bool = True  # run the link check over each environment
 
 

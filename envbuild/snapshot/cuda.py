@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure
-from envbuild.snapshot.model import CudaLibrary, CudaToolkit
+from envbuild.snapshot.model.host import CudaLibrary, CudaToolkit
 
-log = logging.getLogger("envbuild.snapshot.cuda")
+log = logging.getLogger(__name__)
 
 _RELEASE = re.compile(r"release (?P<version>[0-9.]+), V(?P<build>[0-9.]+)")
 

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from envbuild.snapshot.model import Container, DockerSection
+from envbuild.snapshot.model.services import Container, DockerSection
 from envbuild.snapshot.redact import Redactor
 
 log = logging.getLogger("envbuild.snapshot.docker")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from envbuild.errors import InputFileError
 from envbuild.snapshot.hashing import hash_files
-from envbuild.snapshot.model import BadBlob, HfCacheSection, ModelRepo, ModelRevision
+from envbuild.snapshot.model.services import BadBlob, HfCacheSection, ModelRepo, ModelRevision
 
-log = logging.getLogger("envbuild.snapshot.hfcache")
+log = logging.getLogger(__name__)
 
 
 def default_cache() -> str:

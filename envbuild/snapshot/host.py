@@ -3,13 +3,16 @@ any user can read (/etc/os-release, /proc/cpuinfo, /proc/meminfo, statvfs)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-from envbuild.snapshot.model import Disk, Host, OsInfo
+from envbuild.snapshot.model.host import Disk, HostSection, OsInfo
+
+log = logging.getLogger(__name__)
 
 
 def _os_release(path: Path = Path("/etc/os-release")) -> OsInfo:
@@ -77,7 +80,7 @@ def disk(role: str, path: str) -> Disk | None:
     )
 
 
-def read_host(paths: Iterable[tuple[str, str]]) -> Host:
+def read_host(paths: Iterable[tuple[str, str]]) -> HostSection:
     """``paths``: (role, path) pairs whose free space matters."""
     total, available = _meminfo()
     disks = []
@@ -85,7 +88,7 @@ def read_host(paths: Iterable[tuple[str, str]]) -> Host:
         found = disk(role, path)
         if found is not None:
             disks.append(found)
-    return Host(
+    return HostSection(
         hostname=socket.gethostname(),
         os=_os_release(),
         kernel=platform.release(),

@@ -15,10 +15,10 @@ import os
 
 from pydantic import ValidationError
 
-from envbuild.snapshot.model import PatchedDist, PatchFile, PythonEnv
+from envbuild.snapshot.model.pyenv import PatchedDist, PatchFile, PythonEnv
 from envbuild.sourcebuild.patches import PATCHES_FILE
 
-log = logging.getLogger("envbuild.snapshot")
+log = logging.getLogger(__name__)
 
 
 def read_patch_record(dist_info: str) -> PatchedDist | None:

@@ -13,9 +13,9 @@ file matches is named, and the others are not told it was modified.
 
 from __future__ import annotations
 
-import binascii
 import csv
 import io
+import logging
 import os
 import re
 from array import array
@@ -23,9 +23,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from envbuild.fsio import record_digest
 from envbuild.snapshot import hashing
 from envbuild.snapshot.hashing import BIG, hash_one, stat_one
-from envbuild.snapshot.model import ModifiedFile, Overlap
+from envbuild.snapshot.model.pyenv import ModifiedFile, Overlap
+
+log = logging.getLogger(__name__)
 
 Mode = Literal["full", "quick"]
 
@@ -234,14 +237,6 @@ class Checked(NamedTuple):
     modes: bytes  # each entry's permission bits | FOUND (array "H", in RECORD order; 0: not found)
 
 
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _b64(digest: bytes) -> str:
-    """urlsafe base64 without padding, as RECORD writes a digest (binascii: it runs per file)."""
-    return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
-
-
 def check_job(
     job: Job, dists: Sequence[Dist], mode: Mode, buffer: bytearray | None = None
 ) -> Checked:
@@ -285,7 +280,9 @@ def check_job(
         modes[number] = fh.mode | FOUND
         if e.size is not None and fh.size != e.size:  # first: what both checks see alike
             reason = "size"
-        elif fh.digest is not None and e.sha256 is not None and _b64(fh.digest) != e.sha256:
+        elif (
+            fh.digest is not None and e.sha256 is not None and record_digest(fh.digest) != e.sha256
+        ):
             reason = "sha256"
         else:
             if (e.sha256 if fh.digest is not None else e.size) is None:

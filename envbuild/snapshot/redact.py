@@ -4,10 +4,13 @@ URLs). Every replacement is noted so the manifest can list which fields were red
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 from envbuild.snapshot.model import REDACTED
+
+log = logging.getLogger(__name__)
 
 _SECRET_NAME = re.compile(
     r"(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH"

@@ -8,6 +8,7 @@ model, any other against the shape the diff reads.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError,
 
 from envbuild.errors import ManifestError, NewerFormat
 from envbuild.fsio import sha256_bytes, sha256_file
-from envbuild.snapshot.model import ImageRef, SpecRef, read_json, validation_summary
+from envbuild.snapshot.jsonfile import read_json
+from envbuild.snapshot.model import ImageRef, SpecRef, validation_summary
+
+log = logging.getLogger(__name__)
 
 #: File names a build manifest may have in an image folder, in the order they are tried.
 BUILD_MANIFEST_NAMES = ("build-manifest.json", "build.json", "manifest.json", "image.json")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure
-from envbuild.snapshot.model import Service, SystemdSection
+from envbuild.snapshot.model.services import Service, SystemdSection
 from envbuild.snapshot.redact import Redactor
 
-log = logging.getLogger("envbuild.snapshot.systemd")
+log = logging.getLogger(__name__)
 
 DEFAULT_PATTERN = "vllm*"
 _PROPERTIES = (

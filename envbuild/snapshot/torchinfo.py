@@ -11,9 +11,9 @@ import logging
 import os
 import re
 
-from envbuild.snapshot.model import PythonEnv, TorchBuild
+from envbuild.snapshot.model.pyenv import PythonEnv, TorchBuild
 
-log = logging.getLogger("envbuild.snapshot")
+log = logging.getLogger(__name__)
 
 _ASSIGN = re.compile(
     r"^(__version__|cuda|hip|git_version|debug)\s*(?::\s*[^=]+)?=\s*(?:'([^'\n]*)'|\"([^\"\n]*)\"|"

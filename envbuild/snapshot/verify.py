@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.snapshot import Options, take_snapshot
-from envbuild.snapshot.diff import DiffResult, compare, snapshot_facts
-from envbuild.snapshot.gpu import Nvml, gpu_warnings
+from envbuild.snapshot.diff.compare import DiffResult, compare
+from envbuild.snapshot.diff.machine import snapshot_facts
+from envbuild.snapshot.gpu import gpu_warnings
 from envbuild.snapshot.model import Snapshot, load_snapshot
+from envbuild.snapshot.nvml import Nvml
 from envbuild.snapshot.records import Mode
 
-log = logging.getLogger("envbuild.snapshot.verify")
+log = logging.getLogger(__name__)
 
 LIVE = "this machine"
 

@@ -13,7 +13,6 @@ The derivation's inputs are the wheel's sha256 and the patches' sha256s, in orde
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
 import io
@@ -31,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import proc, scratch
 from envbuild.errors import InputFileError, UserError
-from envbuild.fsio import atomic_writer, canonical_json, sha256_file
+from envbuild.fsio import atomic_writer, canonical_json, record_digest, sha256_file
 from envbuild.store.core import Output, Store, derivation_key
 
 log = logging.getLogger("envbuild.sourcebuild.patches")
@@ -181,8 +180,7 @@ def _unpack(wheel: Path, into: Path) -> _Unpacked:
 
 
 def _record_line(rel: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{_csv(rel)},sha256={digest},{len(data)}"
+    return f"{_csv(rel)},sha256={record_digest(hashlib.sha256(data).digest())},{len(data)}"
 
 
 def _csv(value: str) -> str:

@@ -55,7 +55,7 @@ class SourceOutcome:
 
 
 @dataclass(frozen=True)
-class Realized:
+class RealizedWheel:
     """The wheel a source-build or patch layer installs, and the derivations that made it."""
 
     dist: str
@@ -66,7 +66,7 @@ class Realized:
 
 @dataclass
 class SourcesResult:
-    wheels: dict[str, Realized] = field(default_factory=dict)
+    wheels: dict[str, RealizedWheel] = field(default_factory=dict)
     outcomes: list[SourceOutcome] = field(default_factory=list)
     builds: list[SourceBuildRecord] = field(default_factory=list)
     patches: list[PatchRecord] = field(default_factory=list)
@@ -103,7 +103,7 @@ def realize_sources(
         with progress.task(f"source build {req.dist}", None, unit="builds"):
             built = sourcebuild.realize(req, made, store)
         wheel, path = _ref(req.dist, built.wheel, built.wheel_digest, store)
-        result.wheels[req.dist] = Realized(
+        result.wheels[req.dist] = RealizedWheel(
             req.dist, wheel, path, [{"kind": sourcebuild.KIND, "key": built.key}]
         )
         result.outcomes.append(
@@ -143,7 +143,7 @@ def realize_sources(
         )
         p = patched.patched
         wheel, path = _ref(dist, p.wheel, patched.wheel_digest, store)
-        result.wheels[dist] = Realized(
+        result.wheels[dist] = RealizedWheel(
             dist, wheel, path, [*prior, {"kind": patches_mod.KIND, "key": patched.key}]
         )
         result.outcomes.append(

@@ -255,7 +255,9 @@ def _in(spec: str, version: str) -> bool:
     return v is not None and SpecifierSet(spec).contains(v, prereleases=True)
 
 
-def _norm_gpu(name: str) -> str:
+def gpu_name_key(name: str) -> str:
+    """A GPU model name as compared: lower case, without a leading "NVIDIA", runs of spaces,
+    dashes and underscores as one space ("NVIDIA H200-NVL" and "h200 nvl" are one model)."""
     text = name.lower().strip()
     text = re.sub(r"^nvidia\s+", "", text)
     return re.sub(r"[\s_-]+", " ", text)
@@ -338,17 +340,17 @@ def toolkit_archs(cuda: str) -> CudaArchs | None:
 
 def gpu(model: str) -> GpuFact | None:
     """The GPU a spec names, by name or alias (case, dashes and a leading "NVIDIA" ignored)."""
-    wanted = _norm_gpu(model)
+    wanted = gpu_name_key(model)
     for fact in knowledge().gpus:
-        if wanted in {_norm_gpu(n) for n in (fact.name, *fact.aliases)}:
+        if wanted in {gpu_name_key(n) for n in (fact.name, *fact.aliases)}:
             return fact
     return None
 
 
 def suggest_gpu(model: str) -> list[str]:
     """Known GPU names close to ``model``, best first."""
-    names = {_norm_gpu(n): f.name for f in knowledge().gpus for n in (f.name, *f.aliases)}
-    close = difflib.get_close_matches(_norm_gpu(model), list(names), n=3, cutoff=0.5)
+    names = {gpu_name_key(n): f.name for f in knowledge().gpus for n in (f.name, *f.aliases)}
+    close = difflib.get_close_matches(gpu_name_key(model), list(names), n=3, cutoff=0.5)
     out: list[str] = []
     for c in close:
         if names[c] not in out:

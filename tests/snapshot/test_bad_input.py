@@ -58,6 +58,14 @@ def test_a_manifest_from_a_newer_schema(cli: Any, tmp_path: Path) -> None:
     fails_cleanly(cli("verify", newer), "schema version 3 is newer", "upgrade envbuild")
 
 
+def test_a_manifest_from_before_any_known_schema(cli: Any, tmp_path: Path) -> None:
+    data = json.loads(FIXTURE.read_text())
+    data["schema_version"] = 0
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(data))
+    fails_cleanly(cli("verify", older), "snapshot schema version 0 is not known")
+
+
 @pytest.mark.parametrize(
     "content", ["", "[1, 2]", '{"kind": "something.else", "schema_version": 1}']
 )

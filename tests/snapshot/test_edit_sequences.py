@@ -23,7 +23,9 @@ from support.recordednvml import h200
 
 from envbuild.fsio import canonical_json
 from envbuild.snapshot import Options, take_snapshot
-from envbuild.snapshot.diff import compare, render_text, snapshot_facts
+from envbuild.snapshot.diff.compare import compare
+from envbuild.snapshot.diff.machine import snapshot_facts
+from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.verify import verify
 from snapshot.conftest import later, site_packages
 

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from support.nvsmi import check_against_xml
 
-from envbuild.snapshot.gpu import GpuUnavailable, Nvml, PyNvml, read_gpus, unit_of_pid
-from envbuild.snapshot.model import GpuSection, load_snapshot
+from envbuild.snapshot.gpu import read_gpus, unit_of_pid
+from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.gpu import GpuSection
+from envbuild.snapshot.nvml import GpuUnavailable, Nvml, PyNvml
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MIB = 1 << 20

@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.recordednvml import h200
 
-from envbuild.snapshot import gpu
-from envbuild.snapshot.model import GpuConfig, GpuSection, load_snapshot
+from envbuild.snapshot import gpu, nvml
+from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.gpu import GpuConfig, GpuSection
 
 SCOPE = ("--no-docker", "--no-systemd", "--no-models")
 
@@ -27,7 +28,7 @@ def machine(monkeypatch: pytest.MonkeyPatch) -> Any:
     that held 20 GiB is this test's own (so its name is read from /proc)."""
 
     def use(moment: str, **edits: Any) -> None:
-        def make() -> gpu.Nvml:
+        def make() -> nvml.Nvml:
             lib = h200(moment, pids={473: os.getpid()})
             if edits:
                 answers = lib.answers
@@ -198,7 +199,7 @@ def test_host_memory_and_free_disk_are_state(cli: Any, machine: Any, tmp_path: P
 
 @given(cpus=st.sets(st.integers(0, 1023), max_size=64))
 def test_cpu_lists_round_trip(cpus: set[int]) -> None:
-    text = gpu.cpu_list(list(cpus))
+    text = nvml.cpu_list(list(cpus))
     back: set[int] = set()
     for part in filter(None, text.split(",")):
         a, _, b = part.partition("-")
@@ -207,7 +208,7 @@ def test_cpu_lists_round_trip(cpus: set[int]) -> None:
     words = [0] * 16
     for cpu in cpus:
         words[cpu // 64] |= 1 << (cpu % 64)
-    assert gpu._cpu_list(words) == (text or None)
+    assert nvml._cpu_list(words) == (text or None)
 
 
 def test_snapshot_json_keeps_stderr_quiet_and_v_brings_progress_back(

@@ -11,7 +11,7 @@ import pytest
 from support.recordednvml import h200
 
 from envbuild.snapshot import gpu
-from envbuild.snapshot.gpu import GpuUnavailable, PyNvml
+from envbuild.snapshot.nvml import GpuUnavailable, PyNvml
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "h200-snapshot.json"
 

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envbuild.errors import ManifestError, UserError
-from envbuild.snapshot.diff import diff_files, render_text
-from envbuild.snapshot.model import MAX_JSON_BYTES, MAX_JSON_DEPTH, read_json
+from envbuild.snapshot.diff.compare import diff_files
+from envbuild.snapshot.diff.render import render_text
+from envbuild.snapshot.jsonfile import MAX_JSON_BYTES, MAX_JSON_DEPTH, read_json
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "h200-snapshot.json"
 SNAPSHOT = json.loads(FIXTURE.read_text())

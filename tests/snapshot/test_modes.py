@@ -18,7 +18,7 @@ from support.wheels import make_wheel
 from envbuild.errors import ManifestError
 from envbuild.fsio import canonical_json
 from envbuild.snapshot import Options, take_snapshot
-from envbuild.snapshot.diff import render_text
+from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.model import parse_snapshot
 from envbuild.snapshot.verify import verify
 from snapshot.conftest import pip_install, site_packages

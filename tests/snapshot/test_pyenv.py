@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.snapshot.model import PythonEnv
+from envbuild.snapshot.model.pyenv import PythonEnv
 from envbuild.snapshot.pyenv import Interpreter, scan_env, scan_site_packages
 from snapshot.conftest import later, site_packages
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.fsio import record_digest
 from envbuild.snapshot import hashing, records
-from envbuild.snapshot.pyenv import Interpreter, _find_dists, scan_site_packages
+from envbuild.snapshot.distinfo import find_dists
+from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +87,7 @@ def test_every_line_is_in_exactly_one_job(
     site: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     monkeypatch.setattr(records, "CHUNK_CHARS", chunk)
-    dists = _find_dists("test", [str(site)])
+    dists = find_dists("test", [str(site)])
     jobs = records.plan(dists)
     got: Counter[tuple[int, str]] = Counter()
     for job in jobs:
@@ -141,6 +143,7 @@ def test_the_findings(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 _FORKED = """
 import json, os, sys
+from envbuild.fsio import record_digest
 from envbuild.snapshot import hashing, records
 from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 hashing.ENGINE, hashing.DEFAULT_WORKERS, records.CHUNK_CHARS = "processes", 3, 1000
@@ -165,3 +168,11 @@ def test_forked_workers_find_what_threads_find(site: Path, monkeypatch: pytest.M
     forked = json.loads(done.stdout)
     assert forked["forks"] == 3
     assert forked["env"] == in_threads
+
+
+@pytest.mark.parametrize("data", [b"", b"a", b"\xfb\xff\xbf" * 11, os.urandom(1000)])
+def test_record_digest_is_urlsafe_base64_without_padding(data: bytes) -> None:
+    """The one encoder of a RECORD hash (the build, the patcher and the check use it)."""
+    digest = hashlib.sha256(data).digest()
+    assert record_digest(digest) == base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    assert record_digest(b"\xfb\xff\xbf") == "-_-_"  # the urlsafe letters, not + and /

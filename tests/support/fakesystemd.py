@@ -8,7 +8,7 @@ session, output to a log file), and stops it with SIGTERM. Its state lives under
 ``run/fake-proc/<pid>/cgroup`` so a unit's processes are found in their unit, as the kernel would
 show them.
 
-:class:`FakeNvml` is a :class:`~envbuild.snapshot.gpu.Nvml` with some H200s whose memory is held
+:class:`FakeNvml` is a :class:`~envbuild.snapshot.nvml.Nvml` with some H200s whose memory is held
 by whatever units run.
 """
 
@@ -29,7 +29,7 @@ from envbuild.apply.paths import HF_HOME, Paths
 from envbuild.apply.probe import SystemProbe
 from envbuild.apply.services import ServiceManager, UnitState
 from envbuild.apply.wheels import StoreWheels
-from envbuild.snapshot.gpu import Nvml
+from envbuild.snapshot.nvml import Nvml
 
 _C_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'", "s": " "}
 

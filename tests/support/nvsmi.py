@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from envbuild.snapshot.model import Gpu, GpuSection
+from envbuild.snapshot.model.gpu import Gpu, GpuSection
 
 MIB = 1 << 20
 

@@ -1,5 +1,5 @@
 """An NVML that answers what a real GPU answered: it replays a recording made through envbuild's
-own :class:`~envbuild.snapshot.gpu.PyNvml` on the machine (``tests/fixtures/h200-nvml-*.json``,
+own :class:`~envbuild.snapshot.nvml.PyNvml` on the machine (``tests/fixtures/h200-nvml-*.json``,
 written by ``tests/fixtures/h200-nvml-record.py``). A question the recording does not hold is an
 error of the test, not a None."""
 
@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envbuild.snapshot.gpu import Nvml
-from envbuild.snapshot.model import GpuConfig, GpuState
+from envbuild.snapshot.model.gpu import GpuConfig, GpuState
+from envbuild.snapshot.nvml import Nvml
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -1,0 +1,279 @@
+"""Comparing two sides: environments paired, each group's facts compared subject by subject (a
+fact one side did not record is unknown, not changed), file modes compared against each
+distribution's usual mode, and the result as :class:`DiffResult`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbuild.errors import ManifestError
+from envbuild.snapshot.diff.envfacts import MODES
+from envbuild.snapshot.diff.facts import Fact, Side
+from envbuild.snapshot.diff.machine import GPU_CONFIG, snapshot_facts
+from envbuild.snapshot.diff.manifest import build_manifest_facts
+from envbuild.snapshot.jsonfile import read_json
+from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
+from envbuild.snapshot.refs import check_build_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One subject whose fact differs between the sides (None: the side does not have it)."""
+
+    subject: str
+    before: str | None
+    after: str | None
+    delta_bytes: int | None = None
+    item: dict[str, Any] | None = None  # e.g. kind, environment, path, distribution
+    before_fields: dict[str, Any] | None = None  # e.g. status, sizes, sha256 on side a
+    after_fields: dict[str, Any] | None = None
+
+
+@dataclass
+class Group:
+    """The changes of one group; ``counts``: whether they make the sides different."""
+
+    key: str
+    title: str
+    counts: bool = True
+    changes: list[Change] = field(default_factory=list)
+
+
+@dataclass
+class DiffResult:
+    """What :func:`compare` found: the changed groups, what was not compared and why, notes."""
+
+    a: str
+    b: str
+    groups: list[Group]
+    not_compared: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the sides were paired, …
+
+    @property
+    def different(self) -> bool:
+        return any(g.counts and g.changes for g in self.groups)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "different": self.different,
+            "groups": [asdict(g) for g in self.groups if g.changes],
+            "not_compared": self.not_compared,
+            "notes": self.notes,
+        }
+
+
+def load_side(path: Path) -> tuple[Side, Snapshot | None]:
+    """Read a snapshot or a build manifest and reduce it to facts (and the snapshot, if one)."""
+    data = read_json(path)
+    if isinstance(data, dict) and ("kind" in data or ("schema_version" in data and "host" in data)):
+        if data.get("kind") != KIND and "host" not in data:
+            raise ManifestError(f"{path}: unknown manifest kind {data.get('kind')!r}")
+        snap = parse_snapshot(data, str(path))
+        return snapshot_facts(snap, str(path)), snap
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a JSON object")
+    check_build_manifest(data, str(path))
+    return build_manifest_facts(data, str(path)), None
+
+
+def _pair_envs(a: Side, b: Side) -> list[str]:
+    """Python environments are matched by the path asked for; when exactly one environment on
+    each side is left unmatched (two machines, or a snapshot and a build manifest), they pair,
+    and the note returned says so."""
+    prefixes = ("packages ", "patches ", "files ", MODES, "overlaps ", "links ")
+    a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
+    b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
+    only_a, only_b = a_envs - b_envs, b_envs - a_envs
+    if len(only_a) != 1 or len(only_b) != 1:
+        return []
+    old, new = only_b.pop(), only_a.pop()
+    for p in prefixes:
+        if p + old in b.groups:
+            title, counts, facts = b.groups.pop(p + old)
+            a_title = a.groups.get(p + new, (title,))[0]
+            b.groups[p + new] = (
+                a_title if a_title == title else a_title.replace(")", f" ↔ {old})", 1),
+                counts,
+                facts,
+            )
+    if a.kind == "build manifest" or b.kind == "build manifest":
+        return []  # a build manifest names no path: nothing to say
+    return [
+        f"the Python environments are at different paths: {new} in {a.label}, {old} in "
+        f"{b.label}; compared with each other"
+    ]
+
+
+def compare(a: Side, b: Side) -> DiffResult:
+    """The changes from side ``a`` to side ``b``, group by group in a fixed order."""
+    notes = _pair_envs(a, b)
+    result = DiffResult(a.label, b.label, [], notes=notes)
+    envs = Group("environments", "Python environments")
+    result.groups.append(envs)
+    skipped: dict[str, list[str]] = {}
+    for key in sorted(set(a.groups) | set(b.groups), key=_group_order):
+        if key not in a.groups or key not in b.groups:
+            missing, present = (a, b) if key not in a.groups else (b, a)
+            title, _, facts = present.groups[key]
+            if missing.kind == "build manifest" or key == "state":
+                skipped.setdefault(f"{missing.label} ({missing.kind}) has none", []).append(title)
+            elif key.startswith("packages "):
+                python = facts.get("python")  # a build manifest need not say its Python
+                count = len(set(facts) - {"python", "torch build"})
+                shown = f"{python.text + ', ' if python else ''}{count} distributions"
+                env = key.removeprefix("packages ")
+                before, after = (None, shown) if missing is a else (shown, None)
+                envs.changes.append(Change(env, before, after))
+            elif key.startswith("patches ") and f"packages {key[8:]}" not in missing.groups:
+                pass  # the whole environment is missing: shown under environments
+            elif key.startswith(("links ", MODES)) and f"packages {key[6:]}" not in missing.groups:
+                pass
+            elif not key.startswith(("files ", "overlaps ")):
+                skipped.setdefault(f"not recorded in {missing.label}", []).append(title)
+            continue
+        title, counts, facts_a = a.groups[key]
+        facts_b = b.groups[key][2]
+        group = Group(key, title, counts)
+        result.groups.append(group)
+        if key.startswith(MODES):
+            env = key.removeprefix(MODES)
+            files = [side.groups.get(f"files {env}", ("", True, {}))[2] for side in (a, b)]
+            _mode_changes(group, env, facts_a, facts_b, _not_on_both(*files))
+            continue
+        for subject in sorted(set(facts_a) | set(facts_b)):
+            fa, fb = facts_a.get(subject), facts_b.get(subject)
+            if fa == fb or (key in ("refs", GPU_CONFIG[0]) and None in (fa, fb)):
+                continue  # (a reference or setting one side did not record is unknown)
+            if fa is not None and fb is not None and fa.text == fb.text:
+                if fa.digest and fb.digest and fa.digest != fb.digest:
+                    # the same finding, other bytes: a second edit of a drifted file
+                    before = f"{fa.text}, sha256 {fa.digest[:12]}"
+                    after = f"{fb.text}, sha256 {fb.digest[:12]}"
+                    if fa.detail and fb.detail and fa.detail != fb.detail:  # e.g. its mode
+                        before, after = f"{before}, {fa.detail}", f"{after}, {fb.detail}"
+                elif None in (fa.detail, fb.detail) or fa.detail == fb.detail:
+                    continue  # only the size moved: not a change of what is there
+                else:
+                    before, after = fa.detail, fb.detail
+            elif (
+                subject in ("python", "torch build")
+                and key.startswith("packages ")
+                and "build manifest" in (a.kind, b.kind)
+            ):
+                continue  # a build manifest that does not say its Python or torch build
+            elif subject == "torch build" and None in (fa, fb) and key.startswith("packages "):
+                continue  # an older snapshot did not record it: unknown, not changed
+            else:
+                before = fa.text if fa else None
+                after = fb.text if fb else None
+            delta = None
+            sized = [f.size for f in (fa, fb) if f is not None]
+            if None not in sized:  # a side that does not know its size gives no delta
+                delta = ((fb.size or 0) if fb else 0) - ((fa.size or 0) if fa else 0)
+            group.changes.append(
+                Change(
+                    subject,
+                    before,
+                    after,
+                    delta or None,
+                    item=fa.item if fa is not None else fb.item if fb is not None else None,
+                    before_fields=fa.data if fa is not None else None,
+                    after_fields=fb.data if fb is not None else None,
+                )
+            )
+    result.groups.sort(key=lambda g: _group_order(g.key))
+    result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
+    return result
+
+
+_ORDER = (
+    "host",
+    "gpu",
+    "cuda",
+    "environments",
+    "packages",
+    "patches",
+    "files",
+    "modes",
+    "overlaps",
+    "links",
+    "containers",
+    "services",
+    "models",
+    "refs",
+    "layers",
+    "state",
+)
+
+
+def _group_order(key: str) -> tuple[int, str]:
+    head = key.split(" ", 1)[0]
+    return (_ORDER.index(head) if head in _ORDER else len(_ORDER), key)
+
+
+def diff_files(a: Path, b: Path) -> DiffResult:
+    """Compare the snapshots or build manifests at ``a`` and ``b``."""
+    side_a, _ = load_side(a)
+    side_b, _ = load_side(b)
+    return compare(side_a, side_b)
+
+
+def _mode_changes(
+    group: Group, env: str, facts_a: dict[str, Fact], facts_b: dict[str, Fact], skip: set[str]
+) -> None:
+    """The files whose mode differs between the sides. A file neither side names has its
+    distribution's usual mode on both; one side names it: the other's usual mode is its mode.
+    Files missing or unrecorded on either side (``skip``, their paths) are not compared: a
+    table names only the listed files found. Should the usual mode itself change (most of a
+    distribution's files chmodded), the files no side names changed too: one change says so."""
+    usual_a = {s: f.text for s, f in facts_a.items() if "path" not in (f.item or {})}
+    usual_b = {s: f.text for s, f in facts_b.items() if "path" not in (f.item or {})}
+    both = usual_a.keys() & usual_b.keys()
+    for name in sorted(both):
+        if usual_a[name] != usual_b[name]:
+            group.changes.append(
+                Change(
+                    f"the other files of {name}",
+                    f"mode {usual_a[name]}",
+                    f"mode {usual_b[name]}",
+                    item={"kind": "file modes", "environment": env, "distribution": name},
+                    before_fields={"status": "mode", "mode": usual_a[name]},
+                    after_fields={"status": "mode changed", "mode": usual_b[name]},
+                )
+            )
+    for subject in sorted((facts_a.keys() | facts_b.keys()) - usual_a.keys() - usual_b.keys()):
+        fa, fb = facts_a.get(subject), facts_b.get(subject)
+        item = (fa or fb).item or {}  # type: ignore[union-attr]  # one side has it
+        dist = str(item.get("distribution"))
+        if dist not in both or item.get("path") in skip:
+            continue
+        before = fa.text if fa is not None else usual_a[dist]
+        after = fb.text if fb is not None else usual_b[dist]
+        if before != after:
+            group.changes.append(
+                Change(
+                    subject,
+                    f"mode {before}",
+                    f"mode {after}",
+                    item=item,
+                    before_fields={"status": "mode", "mode": before},
+                    after_fields={"status": "mode changed", "mode": after},
+                )
+            )
+
+
+def _not_on_both(*groups: dict[str, Fact]) -> set[str]:
+    """The paths of files a files group names as missing or added."""
+    return {
+        str(f.item["path"])
+        for facts in groups
+        for f in facts.values()
+        if f.item and "path" in f.item and (f.data or {}).get("status") in ("missing", "added")
+    }
