@@ -22,12 +22,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from envbuild.spec.model import (
+from envbuild.spec.model import DebianBase, Spec
+from envbuild.spec.scalars import (
     ComputeCapability,
-    DebianBase,
     DriverVersion,
     MajorMinor,
-    Spec,
     Specifier,
     VersionStr,
 )
