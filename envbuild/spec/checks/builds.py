@@ -14,7 +14,8 @@ from envbuild.spec import archs as archlist
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 
 #: Build flags that are counts for every build (envbuild.sourcebuild.realise refuses the same values
 #: when a build runs).

@@ -16,7 +16,8 @@ from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 from envbuild.spec.model import SECRET_REF, DebianBase
 
 #: Values that look like a credential pasted in, instead of a ``${VAR}`` reference.

@@ -14,7 +14,8 @@ from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 
 
 def host_gpus(loaded: LoadedSpec, targets: list[TargetGpu]) -> Iterator[Problem]:
