@@ -39,7 +39,7 @@ from envbuild.spec.model import Spec
 if TYPE_CHECKING:
     from envbuild.linkcheck import Report
 
-log = logging.getLogger("envbuild.apply")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from envbuild.apply.paths import Paths
 from envbuild.errors import ManifestError, OutputError, UserError
 from envbuild.fsio import compact_json, fsync_dir, sha256_bytes
 
-log = logging.getLogger("envbuild.apply.generations")
+log = logging.getLogger(__name__)
 
 #: Bump when what a generation holds, or how it is built, changes: old ones are then rebuilt.
 GENERATION_FORMAT = 1
