@@ -24,7 +24,7 @@ from envbuild.registry.layout import open_layout, verify_layout
 from envbuild.spec import LoadedSpec, load_spec
 from envbuild.store.core import Store
 
-log = logging.getLogger("envbuild.ci")
+log = logging.getLogger(__name__)
 
 
 class BuildOutput(Protocol):

@@ -53,10 +53,22 @@ def record_digest(digest: bytes) -> str:
     return binascii.b2a_base64(digest, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
 
 
+def fsync_dir(path: Path) -> None:
+    """Make the entries of folder ``path`` (a rename, an unlink) reach the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
     """Write ``path`` through a temporary file in the same directory, renamed into place only when
-    the block finishes: a crash or an error leaves the old file (or none), never half a file."""
+    the block finishes: a crash or an error leaves the old file (or none), never half a file.
+    The file is synced before the rename and its folder after it, so once the block is over the
+    new file survives a crash (a file that marks work as done is not lost with the folder's
+    entry)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,20 +82,12 @@ def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise _output_error(path, exc) from exc
         raise
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of folder ``path`` (a rename, an unlink) reach the disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 #: Turns a document of format N into format N + 1.

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from envbuild.errors import UsageError
 
-log = logging.getLogger("envbuild.scratch")
+log = logging.getLogger(__name__)
 
 ENV = "ENVBUILD_SCRATCH"
 PREFIX = "envbuild-"

@@ -25,7 +25,7 @@ from envbuild.fsio import canonical_json, fsync_dir, sha256_file, write_atomic
 from envbuild.snapshot import pyenv, records
 from envbuild.snapshot.model.pyenv import PythonEnv
 
-log = logging.getLogger("envbuild.apply.builder")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

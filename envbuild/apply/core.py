@@ -18,13 +18,14 @@ from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
 from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
+from envbuild.apply.checks import PreflightReport
 from envbuild.apply.host import Host
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.integrity import check_generation, installed_unit_problems
 from envbuild.apply.modelcache import ModelResult
 from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
-from envbuild.apply.preflight import LinkResult, PreflightInput, PreflightReport, run_preflight
+from envbuild.apply.preflight import LinkResult, PreflightInput, run_preflight
 from envbuild.apply.record import write_snapshot
 from envbuild.apply.servecheck import ParseResult, parse_commands, serve_args
 from envbuild.apply.statelock import state_lock
@@ -38,7 +39,7 @@ from envbuild.spec.model import Spec
 if TYPE_CHECKING:
     from envbuild.linkcheck import Report
 
-log = logging.getLogger("envbuild.apply")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.apply.paths import Paths
 from envbuild.errors import ManifestError, OutputError, UserError
-from envbuild.fsio import compact_json, sha256_bytes
+from envbuild.fsio import compact_json, fsync_dir, sha256_bytes
 
-log = logging.getLogger("envbuild.apply.generations")
+log = logging.getLogger(__name__)
 
 #: Bump when what a generation holds, or how it is built, changes: old ones are then rebuilt.
 GENERATION_FORMAT = 1
@@ -211,29 +211,18 @@ def set_current(paths: Paths, gen: Generation | None) -> None:
     ``None`` removes it (back to before the first apply)."""
     if gen is None:
         paths.current.unlink(missing_ok=True)
-        _fsync_dir(paths.state)
+        fsync_dir(paths.state)
         return
     tmp = paths.state / f".current.{os.getpid()}"
     tmp.unlink(missing_ok=True)
     try:
         os.symlink(Path("generations") / gen.name, tmp)
         os.replace(tmp, paths.current)
+        fsync_dir(paths.state)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot switch {paths.current}: {exc.strerror or exc}") from exc
-    _fsync_dir(paths.state)
     log.info("current -> generation %d (%s)", gen.number, gen.name)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def freeze(path: Path) -> None:

@@ -11,7 +11,7 @@ import urllib.request
 from envbuild.apply.services import ServiceManager
 from envbuild.errors import ServiceFailed
 
-log = logging.getLogger("envbuild.apply.health")
+log = logging.getLogger(__name__)
 
 
 def health_url(host: str, port: int) -> str:

@@ -4,8 +4,7 @@ never runs it."""
 
 from __future__ import annotations
 
-import jinja2
-
+from envbuild import templates
 from envbuild.errors import UserError
 from envbuild.spec.load import LoadedSpec
 
@@ -20,6 +19,7 @@ def toolkit_package(version: str) -> str:
 
 
 def render_host_setup(loaded: LoadedSpec) -> str:
+    """The script's text, for the driver and CUDA toolkit ``loaded`` pins."""
     spec = loaded.spec
     if spec.host is None:
         raise UserError(
@@ -27,13 +27,8 @@ def render_host_setup(loaded: LoadedSpec) -> str:
             hint='add [host] with driver = "590.48.01" and its [[host.gpus]]',
         )
     cuda = spec.cuda.version if spec.cuda else None
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("envbuild", "templates"),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-    )
-    return env.get_template("host-setup.sh.j2").render(
+    return templates.render(
+        "host-setup.sh.j2",
         spec_file=loaded.display(loaded.path),
         spec_name=spec.name,
         spec_hash=loaded.spec_hash(),

@@ -19,7 +19,7 @@ from envbuild.errors import EnvbuildError
 from envbuild.fsio import sha256_bytes, sha256_file
 from envbuild.snapshot import pyenv, records
 
-log = logging.getLogger("envbuild.apply.integrity")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

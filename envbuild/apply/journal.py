@@ -35,7 +35,7 @@ from envbuild.apply.paths import Paths
 from envbuild.errors import ManifestError
 from envbuild.fsio import canonical_json, write_atomic
 
-log = logging.getLogger("envbuild.apply.journal")
+log = logging.getLogger(__name__)
 
 JOURNAL_FORMAT = 1
 STEPS = ("begin", "stopped", "secrets", "unit-installed", "current", "started", "healthy")

@@ -26,7 +26,7 @@ from envbuild.errors import (
     UserError,
 )
 
-log = logging.getLogger("envbuild.apply.manage")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from envbuild.errors import EnvironmentFailure, IntegrityError
 from envbuild.spec.model import AuxRepo, Model
 
-log = logging.getLogger("envbuild.apply.model")
+log = logging.getLogger(__name__)
 
 # huggingface_hub reads this when it is first imported: no telemetry, and no registry fetched
 # into ~/.cache/huggingface (apply touches only the cache it is given).

@@ -15,7 +15,7 @@ from envbuild.fsio import canonical_json, write_atomic
 from envbuild.snapshot import Options, take_snapshot
 from envbuild.snapshot.model import SpecRef
 
-log = logging.getLogger("envbuild.apply.record")
+log = logging.getLogger(__name__)
 
 #: The units a snapshot records: envbuild's own and any other vLLM unit.
 UNITS = "envbuild-*"

@@ -16,7 +16,7 @@ from pathlib import Path
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, ToolFailed
 
-log = logging.getLogger("envbuild.apply.services")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from envbuild.apply.paths import Paths
 from envbuild.errors import Busy, OutputError
 
-log = logging.getLogger("envbuild.apply.lock")
+log = logging.getLogger(__name__)
 
 POLL = 0.2
 

@@ -30,7 +30,7 @@ from envbuild.errors import EnvbuildError, ServiceFailed
 from envbuild.fsio import write_atomic
 from envbuild.spec.model import Spec
 
-log = logging.getLogger("envbuild.apply.switch")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-
+from envbuild import templates
 from envbuild.apply.modelcache import repo_folder
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.spec.knowledge import secret_args
@@ -65,21 +64,12 @@ def quote_path(path: object) -> str:
     return text.replace("%", "%%")
 
 
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("envbuild", "templates"),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["unit_argv"] = lambda argv: " ".join(
-        quote_arg(a if isinstance(a, str) else str(a)) for a in argv
-    )
-    env.filters["unit_env"] = quote_env
-    env.filters["unit_path"] = quote_path
-    return env
+def _unit_argv(argv: Sequence[object]) -> str:
+    return " ".join(quote_arg(a if isinstance(a, str) else str(a)) for a in argv)
+
+
+#: How the unit's template quotes what it writes.
+_FILTERS = {"unit_argv": _unit_argv, "unit_env": quote_env, "unit_path": quote_path}
 
 
 @dataclass(frozen=True)
@@ -175,19 +165,17 @@ def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
         **plain,
     }
     assert spec.model is not None  # exec_start checks it
-    return (
-        _env()
-        .get_template("vllm.service.j2")
-        .render(
-            spec_name=spec.name,
-            spec_hash=spec_hash,
-            generation=settings.generation,
-            generation_path=settings.generation_path,
-            model_repo=spec.model.repo if spec.model else "",
-            environment=sorted(environment.items()),
-            env_file=settings.env_file,
-            exec_start=exec_start(spec, settings.venv, settings.hf_home / "hub"),
-        )
+    return templates.render(
+        "vllm.service.j2",
+        _FILTERS,
+        spec_name=spec.name,
+        spec_hash=spec_hash,
+        generation=settings.generation,
+        generation_path=settings.generation_path,
+        model_repo=spec.model.repo if spec.model else "",
+        environment=sorted(environment.items()),
+        env_file=settings.env_file,
+        exec_start=exec_start(spec, settings.venv, settings.hf_home / "hub"),
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import jinja2
 from packaging.utils import canonicalize_name
 
+from envbuild import templates
 from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
 from envbuild.build.plan import image_config, select_wheels
@@ -102,15 +103,7 @@ def _dq(value: str) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("envbuild", "templates"),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["dq"] = _dq
-    env.filters["json"] = lambda v: json.dumps(v, ensure_ascii=False)
-    return env
+    return templates.environment({"dq": _dq, "json": lambda v: json.dumps(v, ensure_ascii=False)})
 
 
 def base_ref(loaded: LoadedSpec, lock: Lock | None = None) -> str:

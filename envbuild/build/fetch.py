@@ -26,7 +26,7 @@ from envbuild.errors import EnvironmentFailure, IntegrityError
 from envbuild.progress import NULL, Progress
 from envbuild.store.core import Store
 
-log = logging.getLogger("envbuild.build.fetch")
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 RETRIES = 3

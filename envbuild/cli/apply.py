@@ -9,11 +9,11 @@ from types import FrameType
 from typing import Any
 
 from envbuild.apply import host as hostmod
+from envbuild.apply.checks import PreflightReport, Status
 from envbuild.apply.core import ApplyOutcome, Options, apply
 from envbuild.apply.inputs import load_input
 from envbuild.apply.manage import recover_pending
 from envbuild.apply.paths import HF_HOME
-from envbuild.apply.preflight import PreflightReport, Status
 from envbuild.apply.switch import Recovery
 from envbuild.apply.wheels import StoreWheels
 from envbuild.cli import render

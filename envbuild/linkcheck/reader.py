@@ -27,7 +27,7 @@ from typing import Any
 from envbuild.errors import EnvironmentFailure
 from envbuild.linkcheck.facts import ElfInfo
 
-log = logging.getLogger("envbuild.linkcheck.reader")
+log = logging.getLogger(__name__)
 
 #: Bumped whenever what an entry holds changes: older entries are then misses.
 CACHE_FORMAT = 3

@@ -53,7 +53,7 @@ from envbuild.spec.load import LoadedSpec
 if TYPE_CHECKING:
     from envbuild.build.install import WheelRef
 
-log = logging.getLogger("envbuild.lock")
+log = logging.getLogger(__name__)
 
 LOCK_DIR = "lockfiles"
 PREFIX = "pylock."  # PEP 751: ``pylock.toml`` or ``pylock.<name>.toml``

@@ -35,7 +35,7 @@ from envbuild.lock.model import BaseLock, DebianBaseLock, Lock
 from envbuild.spec.load import LoadedSpec
 from envbuild.store.core import Store
 
-log = logging.getLogger("envbuild.lock")
+log = logging.getLogger(__name__)
 
 Source = Literal["spec", "given", "reused", "resolved", "unpinned"]
 

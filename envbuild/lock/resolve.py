@@ -36,7 +36,7 @@ from envbuild.lock.sdist import SdistMetadata, sdist_metadata
 from envbuild.lock.target import Target, build_names, expand_url, requirements_of
 from envbuild.spec.load import LoadedSpec
 
-log = logging.getLogger("envbuild.lock")
+log = logging.getLogger(__name__)
 
 #: Packages that must come from the spec's torch index when it has one (and the spec asks for
 #: them directly): their CUDA variant must match torch's.

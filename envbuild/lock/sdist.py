@@ -28,7 +28,7 @@ from envbuild import scratch
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError
 from envbuild.lock.model import LockedFile
 
-log = logging.getLogger("envbuild.lock")
+log = logging.getLogger(__name__)
 
 #: PKG-INFO of a real sdist is a few kB plus the long description; refuse anything absurd.
 _MAX_PKG_INFO = 16 << 20

@@ -19,7 +19,7 @@ from envbuild.spec.knowledge import target_platform
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import SECRET_REF
 
-log = logging.getLogger("envbuild.lock")
+log = logging.getLogger(__name__)
 
 PYPI = "https://pypi.org/simple"
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(x86_64|aarch64)$")

@@ -41,7 +41,7 @@ __all__ = [
     "push",
 ]
 
-log = logging.getLogger("envbuild.registry")
+log = logging.getLogger(__name__)
 
 TransportName = Literal["auto", "skopeo", "docker"]
 #: Artifacts a pull brings along with the image: its CycloneDX SBOM.

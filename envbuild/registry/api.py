@@ -26,7 +26,7 @@ from typing import Any
 from envbuild.errors import IntegrityError, RegistryError, RegistryUnreachable
 from envbuild.registry.auth import Credentials, config_files, find_credentials
 
-log = logging.getLogger("envbuild.registry")
+log = logging.getLogger(__name__)
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",

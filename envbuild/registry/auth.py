@@ -27,7 +27,7 @@ from typing import Any
 from envbuild import proc, scratch
 from envbuild.errors import InputFileError, RegistryError, ToolFailed
 
-log = logging.getLogger("envbuild.registry")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from envbuild.errors import IntegrityError, ManifestError, RegistryError
 from envbuild.fsio import compact_json, write_atomic
 from envbuild.registry.api import RegistryApi
 
-log = logging.getLogger("envbuild.registry")
+log = logging.getLogger(__name__)
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

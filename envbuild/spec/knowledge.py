@@ -1,7 +1,7 @@
-"""The knowledge base of the GPU stack, as typed data.
+"""The knowledge base of the GPU stack: the questions asked of its facts.
 
-The facts live in ``knowledge.toml`` next to this module, each with its source; this module
-types them (strict pydantic models), loads them once, and answers small questions: the minimum
+The facts live in ``knowledge.toml``, each with its source, typed and loaded once by
+:mod:`envbuild.spec.facts`; this module answers small questions of them: the minimum
 driver of a CUDA release, the archs a toolkit compiles, a GPU's compute capability, the torch a
 vLLM release pins, the wheel platform tag of a spec's base. It holds no rules of its own: the
 checks in :mod:`envbuild.spec.check` combine these answers.
@@ -10,190 +10,18 @@ checks in :mod:`envbuild.spec.check` combine these answers.
 from __future__ import annotations
 
 import difflib
-import functools
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib import resources
-from typing import Annotated, Literal
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from envbuild.spec.model import (
-    ComputeCapability,
-    DebianBase,
-    DriverVersion,
-    MajorMinor,
-    Spec,
-    Specifier,
-    VersionStr,
-)
+from envbuild.spec import facts
+from envbuild.spec.model import DebianBase, Spec
 
 #: The CPU architecture the wheel platform tag is derived for (the Debian bases are amd64).
 DEFAULT_MACHINE = "x86_64"
-
-
-def _regex(value: str) -> str:
-    re.compile(value)
-    return value
-
-
-def _loose_driver(value: str) -> str:
-    if not re.fullmatch(r"\d{3}(\.\d{1,3}){0,2}", value):
-        raise ValueError(f"{value!r} is not a driver version")
-    return value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class Fact(_Strict):
-    source: str = Field(min_length=1, description="where the fact comes from")
-
-
-class CudaMinDriver(Fact):
-    cuda: VersionStr
-    driver: DriverVersion
-
-
-class CudaMajorMinDriver(Fact):
-    major: int
-    driver: Annotated[str, AfterValidator(_loose_driver)]
-
-
-class CudaArchs(Fact):
-    cuda: Specifier
-    archs: list[ComputeCapability]
-
-
-class GpuFact(Fact):
-    name: str
-    aliases: list[str] = Field(default_factory=list)
-    compute_capability: ComputeCapability
-    memory_gib: float
-
-
-class TorchPypi(Fact):
-    torch: Specifier
-    cuda: Annotated[str, Field(pattern=r"^cu\d{3}$")]
-
-
-class VllmTorch(Fact):
-    pins: dict[VersionStr, VersionStr]
-
-
-class Gguf(Fact):
-    vllm: Specifier
-    packages: list[str]
-    extra: str | None = None
-
-
-class ModelFamily(Fact):
-    name: str
-    repo: Annotated[str, AfterValidator(_regex)]
-    attention: Literal["mla", "gqa"]
-    min_vllm: VersionStr
-
-
-class KvCacheRule(Fact):
-    attention: Literal["mla", "gqa"]
-    cc_major: int
-    vllm: Specifier
-    dtypes: list[str]
-
-
-class KvCacheDtypes(Fact):
-    dtypes: list[str]
-
-
-class DebianSuite(Fact):
-    suite: str
-    version: str
-    glibc: MajorMinor
-    python: MajorMinor
-
-
-class SourceBuildFact(Fact):
-    name: str
-    versions: Specifier
-    sdist_only: bool = False
-    arch_env: str | None = None
-    arch_format: Literal["sm", "torch"] = "sm"
-    arch_default: str | None = None
-    arch_accepted: list[str] | None = None
-    arch_min_cuda: dict[str, VersionStr] = Field(default_factory=dict)
-    force_build_env: str | None = None
-    force_build_value: str | None = None
-    int_env: list[str] = Field(default_factory=list)
-
-
-class SourcePatchFact(Fact):
-    """A patch envbuild applies to an sdist before building it, when the locked torch matches:
-    what the real build taught (a flag the package's setup.py hardcodes). The file lives in
-    ``envbuild/spec/source-patches/``; its sha256 is an input of the build's key."""
-
-    dist: str
-    versions: Specifier
-    torch: Specifier = Field(description="the locked torch versions that need it")
-    patch: str = Field(description="file name in envbuild/spec/source-patches/")
-    why: str
-
-
-class BuildMemory(Fact):
-    """Peak resident memory of one compile job of a source build (nvcc with its cicc, ptxas
-    and host compiler), as measured: ``gb_per_arch`` for each arch nvcc's threads work on at
-    once, plus ``gb_base``. With ``--threads T`` and A archs nvcc runs min(T, A) of them at a
-    time, so a job needs about ``gb_base + gb_per_arch * min(T, A)``."""
-
-    name: str
-    versions: Specifier
-    gb_base: float
-    gb_per_arch: float
-
-
-class TorchArchList(Fact):
-    env: str
-    format: str
-
-
-class SecretFlag(Fact):
-    """A serve flag whose value is a secret (``serve.extra_args`` must give it as ``${VAR}``)."""
-
-    flag: Annotated[str, Field(pattern=r"^--[a-z0-9-]+$")]
-    values: Literal["one", "many", "optional"]
-    env: str
-
-
-class Knowledge(_Strict):
-    kb_version: Literal[1]
-    verified: str
-    cuda_min_driver: list[CudaMinDriver]
-    cuda_major_min_driver: list[CudaMajorMinDriver]
-    cuda_archs: list[CudaArchs]
-    gpus: list[GpuFact]
-    torch_pypi: list[TorchPypi]
-    vllm_torch: VllmTorch
-    gguf: list[Gguf]
-    model_families: list[ModelFamily]
-    kv_cache: list[KvCacheRule]
-    vllm_kv_cache_dtypes: KvCacheDtypes
-    debian: list[DebianSuite]
-    source_builds: list[SourceBuildFact]
-    source_patches: list[SourcePatchFact] = Field(default_factory=list)
-    build_memory: list[BuildMemory] = Field(default_factory=list)
-    torch_cuda_arch_list: TorchArchList
-    secret_flags: list[SecretFlag]
-
-
-@functools.cache
-def knowledge() -> Knowledge:
-    """The knowledge base shipped with envbuild (parsed and checked once)."""
-    text = resources.files("envbuild.spec").joinpath("knowledge.toml").read_text("utf-8")
-    return Knowledge.model_validate(tomllib.loads(text))
 
 
 # --- small helpers ---------------------------------------------------------------------------
@@ -205,15 +33,15 @@ class SecretArg:
     is ``--flag=value`` when ``inline``), ``value`` None when a value is missing."""
 
     index: int
-    flag: SecretFlag
+    flag: facts.SecretFlag
     value: str | None
     inline: bool = False
 
 
 def secret_args(args: Sequence[str]) -> list[SecretArg]:
-    """The values of the secret flags (:class:`SecretFlag`) in ``args``, a vLLM command line
-    (``--api_key`` is ``--api-key``: vLLM's parser takes both)."""
-    flags = {f.flag: f for f in knowledge().secret_flags}
+    """The values of the secret flags (:class:`~envbuild.spec.facts.SecretFlag`) in ``args``, a
+    vLLM command line (``--api_key`` is ``--api-key``: vLLM's parser takes both)."""
+    flags = {f.flag: f for f in facts.knowledge().secret_flags}
     found: list[SecretArg] = []
     i = 0
     while i < len(args):
@@ -266,14 +94,14 @@ def gpu_name_key(name: str) -> str:
 # --- questions -------------------------------------------------------------------------------
 
 
-def min_driver(cuda: str) -> CudaMinDriver | None:
+def min_driver(cuda: str) -> facts.CudaMinDriver | None:
     """The minimum driver of a CUDA release: the fact for that release, or for the latest
     update of the same ``MAJOR.MINOR`` not newer than it. None when the KB has no such release."""
     v = _version(cuda)
     if v is None:
         return None
-    best: CudaMinDriver | None = None
-    for fact in knowledge().cuda_min_driver:
+    best: facts.CudaMinDriver | None = None
+    for fact in facts.knowledge().cuda_min_driver:
         fv = Version(fact.cuda)
         if (
             fv.release[:2] == v.release[:2]
@@ -284,16 +112,16 @@ def min_driver(cuda: str) -> CudaMinDriver | None:
     return best
 
 
-def major_min_driver(major: int) -> CudaMajorMinDriver | None:
+def major_min_driver(major: int) -> facts.CudaMajorMinDriver | None:
     """The driver any CUDA ``major``.x release needs (minor version compatibility)."""
-    return next((f for f in knowledge().cuda_major_min_driver if f.major == major), None)
+    return next((f for f in facts.knowledge().cuda_major_min_driver if f.major == major), None)
 
 
 def newest_cuda_for(driver: str, major: int) -> str | None:
     """The newest ``MAJOR.MINOR`` release of CUDA ``major`` whose GA minimum ``driver`` meets."""
     fits = [
         Version(f.cuda)
-        for f in knowledge().cuda_min_driver
+        for f in facts.knowledge().cuda_min_driver
         if Version(f.cuda).major == major and driver_key(driver) >= driver_key(f.driver)
     ]
     newest = max(fits, default=None)
@@ -333,15 +161,15 @@ def _minor(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def toolkit_archs(cuda: str) -> CudaArchs | None:
+def toolkit_archs(cuda: str) -> facts.CudaArchs | None:
     """The compute capabilities nvcc of CUDA release ``cuda`` can compile for."""
-    return next((f for f in knowledge().cuda_archs if _in(f.cuda, cuda)), None)
+    return next((f for f in facts.knowledge().cuda_archs if _in(f.cuda, cuda)), None)
 
 
-def gpu(model: str) -> GpuFact | None:
+def gpu(model: str) -> facts.GpuFact | None:
     """The GPU a spec names, by name or alias (case, dashes and a leading "NVIDIA" ignored)."""
     wanted = gpu_name_key(model)
-    for fact in knowledge().gpus:
+    for fact in facts.knowledge().gpus:
         if wanted in {gpu_name_key(n) for n in (fact.name, *fact.aliases)}:
             return fact
     return None
@@ -349,7 +177,7 @@ def gpu(model: str) -> GpuFact | None:
 
 def suggest_gpu(model: str) -> list[str]:
     """Known GPU names close to ``model``, best first."""
-    names = {gpu_name_key(n): f.name for f in knowledge().gpus for n in (f.name, *f.aliases)}
+    names = {gpu_name_key(n): f.name for f in facts.knowledge().gpus for n in (f.name, *f.aliases)}
     close = difflib.get_close_matches(gpu_name_key(model), list(names), n=3, cutoff=0.5)
     out: list[str] = []
     for c in close:
@@ -363,40 +191,41 @@ def vllm_torch(vllm: str) -> str | None:
     v = _version(vllm)
     if v is None:
         return None
-    for release, torch in knowledge().vllm_torch.pins.items():
+    for release, torch in facts.knowledge().vllm_torch.pins.items():
         if Version(release) == v:
             return torch
     return None
 
 
-def torch_pypi_cuda(torch: str) -> TorchPypi | None:
+def torch_pypi_cuda(torch: str) -> facts.TorchPypi | None:
     """The CUDA variant of torch ``torch``'s wheels on PyPI."""
     v = _version(torch)
     if v is None:
         return None
-    return next((f for f in knowledge().torch_pypi if _in(f.torch, v.public)), None)
+    return next((f for f in facts.knowledge().torch_pypi if _in(f.torch, v.public)), None)
 
 
-def gguf(vllm: str) -> Gguf | None:
+def gguf(vllm: str) -> facts.Gguf | None:
     """How a vLLM release reads GGUF checkpoints (built in, or through a plugin package)."""
-    return next((f for f in knowledge().gguf if _in(f.vllm, vllm)), None)
+    return next((f for f in facts.knowledge().gguf if _in(f.vllm, vllm)), None)
 
 
-def model_family(repo: str) -> ModelFamily | None:
+def model_family(repo: str) -> facts.ModelFamily | None:
     """The model family a Hugging Face repo id belongs to, when the KB knows it."""
     return next(
-        (f for f in knowledge().model_families if re.search(f.repo, repo, re.IGNORECASE)), None
+        (f for f in facts.knowledge().model_families if re.search(f.repo, repo, re.IGNORECASE)),
+        None,
     )
 
 
-def kv_cache_rules(compute_capability: str, vllm: str) -> list[KvCacheRule]:
+def kv_cache_rules(compute_capability: str, vllm: str) -> list[facts.KvCacheRule]:
     """The KV-cache dtype rules for an architecture and a vLLM release (one per attention kind)."""
     major = int(compute_capability.split(".", maxsplit=1)[0])
-    return [f for f in knowledge().kv_cache if f.cc_major == major and _in(f.vllm, vllm)]
+    return [f for f in facts.knowledge().kv_cache if f.cc_major == major and _in(f.vllm, vllm)]
 
 
-def debian(suite: str) -> DebianSuite | None:
-    return next((f for f in knowledge().debian if f.suite == suite), None)
+def debian(suite: str) -> facts.DebianSuite | None:
+    return next((f for f in facts.knowledge().debian if f.suite == suite), None)
 
 
 def glibc_of_suite(suite: str) -> str | None:
@@ -405,7 +234,7 @@ def glibc_of_suite(suite: str) -> str | None:
     return fact.glibc if fact else None
 
 
-def source_patches(name: str, version: str, torch: str | None) -> list[SourcePatchFact]:
+def source_patches(name: str, version: str, torch: str | None) -> list[facts.SourcePatchFact]:
     """The patches envbuild applies to ``name`` ``version``'s sdist when built against
     ``torch`` (none without torch), in the knowledge base's order."""
     from packaging.utils import canonicalize_name
@@ -414,28 +243,28 @@ def source_patches(name: str, version: str, torch: str | None) -> list[SourcePat
         return []
     return [
         f
-        for f in knowledge().source_patches
+        for f in facts.knowledge().source_patches
         if canonicalize_name(f.dist) == canonicalize_name(name)
         and _in(f.versions, version)
         and _in(f.torch, torch)
     ]
 
 
-def build_memory(name: str, version: str) -> BuildMemory | None:
+def build_memory(name: str, version: str) -> facts.BuildMemory | None:
     """The measured memory model of ``name`` ``version``'s compile jobs, when there is one."""
     from packaging.utils import canonicalize_name
 
-    for fact in knowledge().build_memory:
+    for fact in facts.knowledge().build_memory:
         if canonicalize_name(fact.name) == canonicalize_name(name) and _in(fact.versions, version):
             return fact
     return None
 
 
-def source_build(name: str, version: str) -> SourceBuildFact | None:
+def source_build(name: str, version: str) -> facts.SourceBuildFact | None:
     """What the KB knows about building ``name`` ``version`` from source (its env flags)."""
     from packaging.utils import canonicalize_name
 
-    for fact in knowledge().source_builds:
+    for fact in facts.knowledge().source_builds:
         if canonicalize_name(fact.name) == canonicalize_name(name) and _in(fact.versions, version):
             return fact
     return None

@@ -1,25 +1,23 @@
-"""Reading a spec file: TOML, ``extends``, merging, and turning pydantic's errors into located
-problems. Everything wrong with the files is collected and raised at once as a SpecError."""
+"""Reading a spec file: TOML, ``extends`` and merging, the model's validation, and the files it
+names. Everything wrong with the files is collected and raised at once as a SpecError (pydantic's
+errors turned into located problems by :mod:`envbuild.spec.problems`)."""
 
 from __future__ import annotations
 
-import difflib
+import functools
 import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from envbuild.errors import InputFileError, Problem, SpecError
 from envbuild.fsio import compact_json, sha256_bytes, sha256_file
-from envbuild.spec.locate import line_of, locate_keys
+from envbuild.spec.locate import KeyPath, dotted, line_of, locate_keys
 from envbuild.spec.model import Spec
-
-KeyPath = tuple[str | int, ...]
+from envbuild.spec.problems import validation_problems
 
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
 
@@ -83,16 +81,6 @@ class LoadedSpec:
             },
         }
         return sha256_bytes(compact_json(payload))
-
-
-def dotted(key: KeyPath) -> str:
-    out = ""
-    for part in key:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
 
 
 def find_root(path: Path) -> Path:
@@ -202,6 +190,14 @@ class _Loader:
         except ValueError:
             return str(path)
 
+    def where(self, key: KeyPath, top: Path) -> tuple[str, int | None]:
+        """The file and line that gave ``key`` its value (``top``, no line, when none did)."""
+        for end in range(len(key), 0, -1):
+            found = self.origins.get(tuple(key[:end]))
+            if found is not None:
+                return self.shown(found[0]), found[1]
+        return self.shown(top), None
+
     def load(self, path: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
         data, text = read_toml(path, self.shown(path))
         self.files.append(path)
@@ -299,7 +295,8 @@ def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
     try:
         spec = Spec.model_validate(raw)
     except ValidationError as exc:
-        loader.problems.extend(_problems(exc, raw, loader, path, skip_missing=extends_failed))
+        where = functools.partial(loader.where, top=path)
+        loader.problems.extend(validation_problems(exc, raw, where, skip_missing=extends_failed))
     if spec is None:
         raise SpecError(loader.problems)
     loaded = LoadedSpec(spec, path, root, loader.files, raw, loader.origins)
@@ -338,127 +335,3 @@ def _check_paths(loaded: LoadedSpec) -> list[Problem]:
                 )
             )
     return problems
-
-
-# --- pydantic errors → problems -------------------------------------------------------------
-
-
-def _problems(
-    exc: ValidationError,
-    raw: dict[str, Any],
-    loader: _Loader,
-    top: Path,
-    *,
-    skip_missing: bool = False,
-) -> list[Problem]:
-    out = []
-    for err in exc.errors(include_url=False):
-        if skip_missing and err["type"] == "missing":
-            continue
-        loc = _clean_loc(err["loc"])
-        file, line = _where(loader, top, loc)
-        message, hint = _describe(err, loc, raw)
-        out.append(Problem(file, line, dotted(loc), message, hint))
-    return out
-
-
-def _clean_loc(loc: tuple[Any, ...]) -> KeyPath:
-    """Drop pydantic's union/tag markers (``base.debian.packages`` → ``base.packages``)."""
-    out: list[str | int] = []
-    for i, part in enumerate(loc):
-        if (
-            i > 0
-            and loc[0] == "base"
-            and i == 1
-            and part in {"debian", "image", "oci-layout", "rootfs"}
-        ):
-            continue
-        if isinstance(part, str) and part.startswith(("function-", "tagged-union")):
-            continue
-        out.append(part)
-    return tuple(out)
-
-
-def _where(loader: _Loader, top: Path, loc: KeyPath) -> tuple[str, int | None]:
-    for end in range(len(loc), 0, -1):
-        found = loader.origins.get(tuple(loc[:end]))
-        if found is not None:
-            return loader.shown(found[0]), found[1]
-    return loader.shown(top), None
-
-
-def _describe(err: Any, loc: KeyPath, raw: dict[str, Any]) -> tuple[str, str | None]:
-    kind = err["type"]
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    table = dotted(loc[:-1])
-    if kind == "missing":
-        where = f"[{table}]" if table else "the top level"
-        return "is required", f"add `{loc[-1]} = …` to {where}"
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1], raw)
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
-        if close:
-            return "unknown key", f"did you mean `{close[0]}`?"
-        return "unknown key", f"remove it; allowed here: {', '.join(sorted(allowed))}"
-    if kind in {"union_tag_invalid", "union_tag_not_found"}:
-        return msg, "set kind to one of debian, image, oci-layout, rootfs"
-    value = err.get("input")
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"{msg}, got {_short(value)}", _TYPE_HINTS.get(kind.split("_")[0])
-    return msg, None
-
-
-_TYPE_HINTS = {
-    "string": 'quote it: key = "value"',
-    "int": "write a whole number without quotes: key = 8",
-    "float": "write a number without quotes: key = 0.9",
-    "bool": "write true or false, without quotes",
-    "list": 'write a list: key = ["a", "b"]',
-    "dict": "write a table: [name] with key = value lines",
-    "model": "write a table: [name] with key = value lines",
-    "datetime": "write a TOML date-time without quotes: 2026-11-01T00:00:00Z",
-}
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _allowed_keys(loc: KeyPath, raw: dict[str, Any]) -> list[str]:
-    model: Any = Spec
-    data: Any = raw
-    for part in loc:
-        data = data.get(part) if isinstance(data, dict) else None
-        model = _field_type(model, part, data)
-        if model is None:
-            return []
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return list(model.model_fields)
-    return []
-
-
-def _field_type(model: Any, part: str | int, data: Any) -> Any:
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        info = model.model_fields.get(str(part))
-        if info is None:
-            return None
-        return _unwrap(info.annotation, data)
-    return None
-
-
-def _unwrap(annotation: Any, data: Any) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0], data)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in typing.get_args(annotation) if a is not type(None)]
-        kind = data.get("kind") if isinstance(data, dict) else None
-        for option in options:
-            inner = _unwrap(option, data)
-            if isinstance(inner, type) and issubclass(inner, BaseModel):
-                tag = inner.model_fields.get("kind")
-                if tag is None or kind is None or kind in typing.get_args(tag.annotation):
-                    return inner
-        return None
-    return annotation

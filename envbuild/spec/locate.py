@@ -1,4 +1,5 @@
-"""Where each key of a TOML document is: a dotted key path → its 1-based line.
+"""Where each key of a TOML document is: a key path → its 1-based line (and a key path written
+dotted, as problems name it).
 
 ``tomllib`` gives values, not positions, and a problem must name the line of its key. This is a
 line scanner for the TOML that people write in specs: ``[table]`` and ``[[array]]`` headers,
@@ -19,7 +20,19 @@ _HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?\s*(?:#.*)?$")
 _ASSIGN = re.compile(rf"^\s*({_DOTTED})\s*=\s*(.*)$")
 _PART = re.compile(_KEY)
 
-Path = tuple[str | int, ...]
+#: Where a value is in a spec: its keys from the top, with the index of each array item.
+KeyPath = tuple[str | int, ...]
+
+
+def dotted(key: KeyPath) -> str:
+    """A key path as a spec writes it: ``("serve", "extra_args", 2)`` -> ``serve.extra_args[2]``."""
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
 
 
 def _split(dotted: str) -> list[str]:
@@ -65,10 +78,10 @@ def _bracket_depth(value: str) -> int:
     return depth
 
 
-def locate_keys(text: str) -> dict[Path, int]:
-    lines: dict[Path, int] = {}
-    table: Path = ()
-    array_counts: dict[Path, int] = {}
+def locate_keys(text: str) -> dict[KeyPath, int]:
+    lines: dict[KeyPath, int] = {}
+    table: KeyPath = ()
+    array_counts: dict[KeyPath, int] = {}
     in_string: str | None = None
     depth = 0
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -81,7 +94,7 @@ def locate_keys(text: str) -> dict[Path, int]:
             continue
         header = _HEADER.match(raw)
         if header:
-            path: Path = tuple(_split(header.group(2)))
+            path: KeyPath = tuple(_split(header.group(2)))
             if header.group(1) == "[[":
                 index = array_counts.get(path, 0)
                 array_counts[path] = index + 1
@@ -92,7 +105,7 @@ def locate_keys(text: str) -> dict[Path, int]:
             continue
         assign = _ASSIGN.match(raw)
         if assign:
-            key_path: Path = (*table, *_split(assign.group(1)))
+            key_path: KeyPath = (*table, *_split(assign.group(1)))
             for i in range(len(table) + 1, len(key_path) + 1):
                 lines.setdefault(key_path[:i], number)
             value = assign.group(2).strip()
@@ -102,7 +115,7 @@ def locate_keys(text: str) -> dict[Path, int]:
     return lines
 
 
-def line_of(lines: dict[Path, int], path: Path) -> int | None:
+def line_of(lines: dict[KeyPath, int], path: KeyPath) -> int | None:
     """The line of ``path``, or of its nearest parent that has one."""
     for end in range(len(path), 0, -1):
         found = lines.get(tuple(path[:end]))

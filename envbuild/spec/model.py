@@ -1,8 +1,9 @@
 """The spec: what an experiment depends on, as strict pydantic models.
 
 A spec file is TOML; after ``extends`` are merged it must match :class:`Spec`. Unknown keys are
-errors. Types are checked here; whether the GPU stack fits together (driver vs CUDA, torch vs vLLM,
-archs vs GPUs) is checked by :mod:`envbuild.spec.check` against the knowledge base.
+errors. Types are checked here (the scalar ones, a version or a commit sha, are in
+:mod:`envbuild.spec.scalars`); whether the GPU stack fits together (driver vs CUDA, torch vs
+vLLM, archs vs GPUs) is checked by :mod:`envbuild.spec.check` against the knowledge base.
 """
 
 from __future__ import annotations
@@ -12,12 +13,8 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,6 +25,24 @@ from pydantic import (
     model_serializer,
 )
 
+from envbuild.spec.scalars import (
+    CommitSha,
+    ComputeCapability,
+    CudaVersion,
+    DistName,
+    DriverVersion,
+    GgufQuant,
+    HfRepo,
+    ImagePath,
+    ImageRef,
+    MajorMinor,
+    RepoPath,
+    RequirementStr,
+    Sha256,
+    Specifier,
+    VersionStr,
+)
+
 SPEC_VERSION = 1
 
 #: ``${NAME}`` inside a value refers to the caller's environment: a secret, resolved only at run
@@ -35,117 +50,9 @@ SPEC_VERSION = 1
 SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _version(value: str) -> str:
-    try:
-        Version(value)
-    except InvalidVersion:
-        raise ValueError(f"{value!r} is not a version (expected something like 2.14.0)") from None
-    return value
-
-
-def _driver(value: str) -> str:
-    if not re.fullmatch(r"\d{3}(\.\d{1,3}){1,2}", value):
-        raise ValueError(f"{value!r} is not an NVIDIA driver version (expected like 590.48.01)")
-    return value
-
-
-def _major_minor(value: str) -> str:
-    if not re.fullmatch(r"\d+\.\d+", value):
-        raise ValueError(f"{value!r} is not a MAJOR.MINOR version (expected like 13.1)")
-    return value
-
-
-def _cuda_version(value: str) -> str:
-    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", value):
-        raise ValueError(f"{value!r} is not a CUDA version (expected like 13.1 or 13.1.1)")
-    return value
-
-
-def _compute_capability(value: str) -> str:
-    if not re.fullmatch(r"\d{1,2}\.\d", value):
-        raise ValueError(f"{value!r} is not a compute capability (expected like 12.0)")
-    return value
-
-
-def _commit_sha(value: str) -> str:
-    if not re.fullmatch(r"[0-9a-f]{40}", value):
-        raise ValueError(
-            f"{value!r} is not a commit sha (expected 40 lowercase hex digits; a branch or tag "
-            "moves, a commit does not)"
-        )
-    return value
-
-
-def _specifier(value: str) -> str:
-    try:
-        SpecifierSet(value)
-    except InvalidSpecifier:
-        raise ValueError(
-            f"{value!r} is not a version specifier (expected like '==1.2.3', '>=2,<3' or '')"
-        ) from None
-    return value
-
-
-def _dist_name(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", value):
-        raise ValueError(f"{value!r} is not a distribution name")
-    return value
-
-
-def _requirement(value: str) -> str:
-    try:
-        Requirement(value)
-    except InvalidRequirement as exc:
-        raise ValueError(f"{value!r} is not a requirement: {exc}") from None
-    return value
-
-
-def _hf_repo(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
-        raise ValueError(f"{value!r} is not a Hugging Face repo id (expected like org/name)")
-    return value
-
-
-def _image_ref_by_digest(value: str) -> str:
-    if not re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", value):
-        raise ValueError(
-            f"{value!r} is not pinned by digest (expected like "
-            "nvcr.io/nvidia/cuda:13.1.0-devel-ubuntu24.04@sha256:<64 hex>); a tag moves, a "
-            "digest does not"
-        )
-    return value
-
-
-def _sha256(value: str) -> str:
-    if not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise ValueError(f"{value!r} is not a sha256 (expected 64 lowercase hex digits)")
-    return value
-
-
-def _abs_posix(value: str) -> str:
-    if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
-        raise ValueError(f"{value!r} must be an absolute path inside the image, without '..'")
-    return value
-
-
-VersionStr = Annotated[str, AfterValidator(_version)]
-DriverVersion = Annotated[str, AfterValidator(_driver)]
-MajorMinor = Annotated[str, AfterValidator(_major_minor)]
-CudaVersion = Annotated[str, AfterValidator(_cuda_version)]
-ComputeCapability = Annotated[str, AfterValidator(_compute_capability)]
-CommitSha = Annotated[str, AfterValidator(_commit_sha)]
-Specifier = Annotated[str, AfterValidator(_specifier)]
-DistName = Annotated[str, AfterValidator(_dist_name)]
-RequirementStr = Annotated[str, AfterValidator(_requirement)]
-HfRepo = Annotated[str, AfterValidator(_hf_repo)]
-ImageRef = Annotated[str, AfterValidator(_image_ref_by_digest)]
-Sha256 = Annotated[str, AfterValidator(_sha256)]
-ImagePath = Annotated[str, AfterValidator(_abs_posix)]
-#: A path relative to the spec file; the loader checks it stays inside the repository.
-RepoPath = Annotated[str, Field(min_length=1)]
-
-
 class Strict(BaseModel):
+    """A table of the spec: unknown keys are errors, values are not coerced, nothing changes."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
@@ -261,17 +168,11 @@ class AuxRepo(Strict):
     )
 
 
-def _quant(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_+-]+", value):
-        raise ValueError(f"{value!r} is not a GGUF quant type (expected like Q4_K_M, UD-IQ2_XXS)")
-    return value
-
-
 class GgufModel(Strict):
     """How vllm-gguf-plugin loads the model: ``<folder in the snapshot>:<quant>`` (its
     ``local_dir:quant_type`` form), so vLLM reads the pinned snapshot apply fetched."""
 
-    quant: Annotated[str, AfterValidator(_quant)] = Field(
+    quant: GgufQuant = Field(
         description="the quant type the files are named by (their name holds -QUANT- or -QUANT.)"
     )
     folder: str = Field(

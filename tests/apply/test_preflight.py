@@ -10,15 +10,9 @@ import pytest
 from apply.conftest import Experiment, Machine
 from support.fakesystemd import FakeNvml
 
+from envbuild.apply.checks import Kind, PreflightReport, Status
 from envbuild.apply.paths import Paths
-from envbuild.apply.preflight import (
-    Kind,
-    LinkResult,
-    PreflightInput,
-    PreflightReport,
-    Status,
-    run_preflight,
-)
+from envbuild.apply.preflight import LinkResult, PreflightInput, run_preflight
 from envbuild.apply.probe import SystemProbe, Toolkit
 from envbuild.lock import lock_spec
 from envbuild.spec import load_spec

@@ -8,8 +8,8 @@ from importlib import resources
 
 import pytest
 
+from envbuild.spec import facts, load_spec
 from envbuild.spec import knowledge as kb
-from envbuild.spec import load_spec
 from spec.cases import CASES
 
 
@@ -122,7 +122,7 @@ def test_torch_and_vllm_facts():
         assert fact is not None and fact.cuda == "cu130"
     fact = kb.torch_pypi_cuda("2.15.0")
     assert fact is not None and fact.cuda == "cu132"
-    assert not any(f.cuda == "cu131" for f in kb.knowledge().torch_pypi)
+    assert not any(f.cuda == "cu131" for f in facts.knowledge().torch_pypi)
 
 
 def test_model_families_gguf_and_kv_rules():

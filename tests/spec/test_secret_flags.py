@@ -14,7 +14,7 @@ import pytest
 
 from envbuild.build.plan import image_config
 from envbuild.errors import Severity, UserError
-from envbuild.spec import knowledge as kb
+from envbuild.spec import facts
 from envbuild.spec.check import check_stack
 from envbuild.spec.load import load_spec
 
@@ -114,6 +114,6 @@ def test_the_run_time_command_is_what_sh_runs(repo: Path, tmp_path: Path) -> Non
 
 
 def test_every_secret_flag_has_a_source() -> None:
-    flags = kb.knowledge().secret_flags
+    flags = facts.knowledge().secret_flags
     assert {f.flag for f in flags} >= {"--api-key", "--hf-token"}
     assert all("vllm/" in f.source for f in flags)

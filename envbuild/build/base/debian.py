@@ -37,7 +37,7 @@ from envbuild.errors import IntegrityError
 from envbuild.lock.model import DebianBaseLock, DebianPackageLock
 from envbuild.store.core import Output, Store
 
-log = logging.getLogger("envbuild.build.base")
+log = logging.getLogger(__name__)
 
 #: Bump when the hooks or the re-packing change what a given package set produces.
 RECIPE = 1

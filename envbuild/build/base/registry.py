@@ -26,7 +26,7 @@ from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
 from envbuild.store.core import DIGEST_RE, Output, Store, digest_hex
 
-log = logging.getLogger("envbuild.build.base")
+log = logging.getLogger(__name__)
 
 #: 2: the member rules of :mod:`envbuild.build.base.tarsafe`: an image pulled under older rules is
 #: read again.

@@ -46,7 +46,7 @@ from envbuild.fsio import sha256_file
 from envbuild.lock.model import BaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Output, Store
 
-log = logging.getLogger("envbuild.build.base")
+log = logging.getLogger(__name__)
 
 #: Bump when importing or re-packing changes what a pinned base produces. 2: the member rules
 #: of :mod:`envbuild.build.base.tarsafe` (sparse members, limits, symlinks across layers): a base

@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from packaging.version import Version
 
 from envbuild.errors import Problem
-from envbuild.spec import archs
+from envbuild.spec import archs, facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
                     yield loaded.problem(where, item.message, item.hint)
                 yield from _accepted(loaded, where, name, build.version, fact, found)
                 lists.append((where, fact.arch_env, found))
-        tal = kb.knowledge().torch_cuda_arch_list.env
+        tal = facts.knowledge().torch_cuda_arch_list.env
         if tal in build.env:
             found, bad = archs.parse_list(tal, build.env[tal], "torch")
             for item in bad:
@@ -85,7 +86,7 @@ def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
                     )
 
 
-def _spell(env: str, fact: kb.SourceBuildFact | None, cc: str) -> str:
+def _spell(env: str, fact: facts.SourceBuildFact | None, cc: str) -> str:
     """How to write an arch that covers ``cc`` in ``env``'s format."""
     if fact is None or env != fact.arch_env or fact.arch_format != "sm":
         return repr(cc)
@@ -101,7 +102,7 @@ def _spell(env: str, fact: kb.SourceBuildFact | None, cc: str) -> str:
 
 
 def _known_build(
-    loaded: LoadedSpec, key: KeyPath, name: str, env: dict[str, str], fact: kb.SourceBuildFact
+    loaded: LoadedSpec, key: KeyPath, name: str, env: dict[str, str], fact: facts.SourceBuildFact
 ) -> Iterator[Problem]:
     if fact.force_build_env and env.get(fact.force_build_env) != fact.force_build_value:
         yield loaded.problem(
@@ -113,7 +114,7 @@ def _known_build(
 
 
 def _whole_numbers(
-    loaded: LoadedSpec, key: KeyPath, env: dict[str, str], fact: kb.SourceBuildFact | None
+    loaded: LoadedSpec, key: KeyPath, env: dict[str, str], fact: facts.SourceBuildFact | None
 ) -> Iterator[Problem]:
     """MAX_JOBS and NVCC_THREADS (and what the knowledge base adds) of any build are counts."""
     for var in dict.fromkeys([*INT_ENV, *(fact.int_env if fact else [])]):
@@ -130,7 +131,7 @@ def _accepted(
     where: KeyPath,
     name: str,
     version: str,
-    fact: kb.SourceBuildFact,
+    fact: facts.SourceBuildFact,
     found: list[archs.ArchRequest],
 ) -> Iterator[Problem]:
     spec = loaded.spec

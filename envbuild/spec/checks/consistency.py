@@ -13,9 +13,11 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.errors import Problem
+from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 from envbuild.spec.model import SECRET_REF, DebianBase
 
 #: Values that look like a credential pasted in, instead of a ``${VAR}`` reference.
@@ -196,7 +198,7 @@ def platform(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
     tag = spec.python.platform
     suite = kb.debian(base.suite) if isinstance(base, DebianBase) else None
     if isinstance(base, DebianBase) and suite is None:
-        known = ", ".join(f.suite for f in kb.knowledge().debian)
+        known = ", ".join(f.suite for f in facts.knowledge().debian)
         yield loaded.problem(
             ("base", "suite"),
             f"envbuild does not know Debian suite {base.suite!r} (knows {known}); its glibc "

@@ -8,8 +8,8 @@ import difflib
 from collections.abc import Iterator
 
 from envbuild.errors import Problem
+from envbuild.spec import facts, serveflags
 from envbuild.spec import knowledge as kb
-from envbuild.spec import serveflags
 from envbuild.spec.checks import WARNING, TargetGpu, capabilities
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import Spec
@@ -40,7 +40,7 @@ def kv_cache(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
         return
     dtype = serve.kv_cache_dtype
     key = ("serve", "kv_cache_dtype")
-    known = kb.knowledge().vllm_kv_cache_dtypes.dtypes
+    known = facts.knowledge().vllm_kv_cache_dtypes.dtypes
     if dtype not in known:
         close = difflib.get_close_matches(dtype, known, n=1, cutoff=0.5)
         yield loaded.problem(
@@ -87,8 +87,8 @@ def _repo(loaded: LoadedSpec) -> str:
     return loaded.spec.model.repo if loaded.spec.model else "the model"
 
 
-def _accepting_range(rule: kb.KvCacheRule, dtype: str) -> str | None:
-    for other in kb.knowledge().kv_cache:
+def _accepting_range(rule: facts.KvCacheRule, dtype: str) -> str | None:
+    for other in facts.knowledge().kv_cache:
         if (
             other.attention == rule.attention
             and other.cc_major == rule.cc_major

@@ -11,9 +11,11 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from envbuild.errors import Problem
+from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec.checks import WARNING, TargetGpu
-from envbuild.spec.load import KeyPath, LoadedSpec
+from envbuild.spec.load import LoadedSpec
+from envbuild.spec.locate import KeyPath
 
 
 def host_gpus(loaded: LoadedSpec, targets: list[TargetGpu]) -> Iterator[Problem]:
@@ -160,7 +162,7 @@ def vllm_pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
         )
     elif spec.torch and Version(spec.torch.version).public != pinned:
         others = sorted(
-            (r for r, t in kb.knowledge().vllm_torch.pins.items() if t == spec.torch.version),
+            (r for r, t in facts.knowledge().vllm_torch.pins.items() if t == spec.torch.version),
             key=Version,
         )
         alt = f", or a vLLM that pins it ({', '.join(others)})" if others else ""

@@ -1,0 +1,62 @@
+"""fsio's atomic writes: the file is synced before its rename and its folder after it, so a
+file written through atomic_writer (a "done" marker, a manifest) survives a crash."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from envbuild import fsio
+
+
+def record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Patch os.fsync and os.replace to record, in order, what each one was called on."""
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def recording_replace(src: str | Path, dst: str | Path) -> None:
+        events.append(("replace", str(dst)))
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    return events
+
+
+def test_atomic_writer_syncs_the_folder_after_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "out" / "done"
+    target.parent.mkdir()
+    events = record_syncs(monkeypatch)
+    with fsio.atomic_writer(target) as f:
+        f.write(b"ok\n")
+    assert target.read_bytes() == b"ok\n"
+    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"]
+    assert events[0][1].startswith(str(target.parent / ".done."))  # the temporary file
+    assert events[1:] == [("replace", str(target)), ("fsync", str(target.parent))]
+
+
+def test_a_failed_write_leaves_the_old_file_and_syncs_nothing_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "done"
+    target.write_bytes(b"old\n")
+    events = record_syncs(monkeypatch)
+    with pytest.raises(RuntimeError), fsio.atomic_writer(target) as f:
+        f.write(b"half")
+        raise RuntimeError("interrupted")
+    assert target.read_bytes() == b"old\n"
+    assert events == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["done"]
+
+
+def test_fsync_dir_refuses_a_folder_that_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        fsio.fsync_dir(tmp_path / "missing")
