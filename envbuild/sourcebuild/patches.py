@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -349,16 +349,19 @@ def patched_version(version: str, key: str) -> str:
 def realize_patch(
     store: Store,
     dist: str,
-    wheel: Path,
+    wheel: Path | Callable[[], Path],
     patches: Sequence[tuple[Path, PatchRef]],
     *,
     filename: str | None = None,
     wheel_sha256: str | None = None,
 ) -> PatchResult:
-    """The patched wheel of ``dist``: from the store when these inputs were patched before.
+    """The patched wheel of ``dist``: from the store when these inputs were patched before (or
+    from the remote cache in front of it), else made.
 
     ``wheel_sha256``: the wheel's sha256 when already known (a store blob is named by it), so a
     patch found in the store neither reads nor hashes the wheel (``wheel`` need not exist then).
+    ``wheel`` may be a function that gives the wheel's path (fetching it): it is called only when
+    the patch is really made, and needs ``filename`` and ``wheel_sha256``.
     """
     for path, ref in patches:
         if not path.is_file():
@@ -369,14 +372,20 @@ def realize_patch(
                 f"{ref.path}: sha256 {got}, the lock says {ref.sha256}",
                 hint="the patch changed since the lock was made; run `envbuild lock`",
             )
-    wheel_sha = wheel_sha256 or sha256_file(wheel)
-    filename = filename or wheel.name  # a store blob is named by its digest: pass the file name
-    inputs = patch_inputs(dist, filename, wheel_sha, [r for _, r in patches])
+    if callable(wheel):
+        if filename is None or wheel_sha256 is None:
+            raise TypeError("a wheel given by a function needs its filename and wheel_sha256")
+        wheel_sha, name = wheel_sha256, filename
+    else:
+        wheel_sha = wheel_sha256 or sha256_file(wheel)
+        name = filename or wheel.name  # a store blob is named by its digest: pass the file name
+    inputs = patch_inputs(dist, name, wheel_sha, [r for _, r in patches])
     key = derivation_key(KIND, inputs)
 
     def build() -> Output:
+        source = wheel() if callable(wheel) else wheel
         with store.temp_dir(prefix="patch-") as tmp:
-            patched = patch_wheel(wheel, patches, key[:SHORT], tmp, filename=filename)
+            patched = patch_wheel(source, patches, key[:SHORT], tmp, filename=name)
             digest = store.add_file(tmp / patched.wheel)
         return Output(outputs={"wheel": digest}, meta={"patched": patched.model_dump()})
 
