@@ -124,8 +124,8 @@ class StoreWheels(WheelProvider):
         if not inp.lock.envbuild.builds:
             return {}
         from envbuild.sourcebuild.builder import HostBuilder
-        from envbuild.sourcebuild.realise import KIND, inputs_of
-        from envbuild.sourcebuild.requests import build_requests
+        from envbuild.sourcebuild.inputs import inputs_of
+        from envbuild.sourcebuild.requests import KIND, build_requests
 
         builder = HostBuilder(inp.spec.python.version)
         out = {}
@@ -178,7 +178,7 @@ class StoreWheels(WheelProvider):
         if not blobs:
             return
         from envbuild.sourcebuild.patches import KIND as PATCH_KIND
-        from envbuild.sourcebuild.realise import KIND as BUILD_KIND
+        from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 
         store, linked = self.store, set(blobs)
         keys = [

@@ -161,7 +161,8 @@ def build_lock(
 
 def closure_requires(loaded: LoadedSpec, lock: Lock) -> dict[str, list[str]]:
     """The Requires-Dist of every locked wheel the source builds' closures read, by sha256."""
-    from envbuild.sourcebuild.requests import build_requests, wheel_requires
+    from envbuild.sourcebuild.closure import wheel_requires
+    from envbuild.sourcebuild.requests import build_requests
 
     seen: dict[str, list[str]] = {}
 

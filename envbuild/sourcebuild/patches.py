@@ -34,7 +34,7 @@ from envbuild.errors import InputFileError, UserError
 from envbuild.fsio import atomic_writer, canonical_json, sha256_file
 from envbuild.store.core import Output, Store, derivation_key
 
-log = logging.getLogger("envbuild.sourcebuild.patches")
+log = logging.getLogger(__name__)
 
 #: Fixed time of every repacked entry (the earliest a zip can hold): no wall clock in outputs.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -57,6 +57,8 @@ class PatchRef(_Model):
 
 
 class PatchedWheel(_Model):
+    """A patched wheel: the original's version, the new one and file name, what was applied."""
+
     dist: str
     version: str = Field(description="the original version")
     patched_version: str
@@ -325,6 +327,8 @@ SHORT = 10
 
 
 class PatchResult(_Model):
+    """A realised patch derivation: its key, whether it was reused, the stored wheel."""
+
     key: str
     reused: bool
     wheel_digest: str
@@ -343,6 +347,7 @@ def patch_inputs(
 
 
 def patched_version(version: str, key: str) -> str:
+    """The version a patch derivation ``key`` gives a wheel of ``version``."""
     return local_version(version, key[:SHORT])
 
 

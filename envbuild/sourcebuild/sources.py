@@ -35,8 +35,10 @@ from envbuild.fsio import sha256_file
 from envbuild.lock import Lock
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild import patches as patches_mod
-from envbuild.sourcebuild import realise as sourcebuild
 from envbuild.sourcebuild.builder import Builder
+from envbuild.sourcebuild.inputs import inputs_of
+from envbuild.sourcebuild.realise import BuildResult, realize
+from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 from envbuild.sourcebuild.requests import build_requests, patch_sets
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store, derivation_key
@@ -155,18 +157,18 @@ def realize_sources(
         for req in build_requests(loaded, lock):
             made = made or builder()
             with progress.task(f"source build {req.dist}", None, unit="builds"):
-                built = sourcebuild.realize(req, made, store)
+                built = realize(req, made, store)
             realized = _realized(
                 req.dist,
                 built.wheel,
                 built.wheel_digest,
                 store,
-                [{"kind": sourcebuild.KIND, "key": built.key}],
+                [{"kind": BUILD_KIND, "key": built.key}],
             )
             result.wheels[req.dist] = realized
             result.outcomes.append(
                 SourceOutcome(
-                    kind=sourcebuild.KIND,
+                    kind=BUILD_KIND,
                     dist=req.dist,
                     version=realized.wheel.version,
                     key=built.key,
@@ -224,13 +226,11 @@ def stored_sources(
     out: dict[str, Realized] = {}
     for req in build_requests(loaded, lock):
         toolchain = builder.probe(cuda=req.needs_cuda)
-        drv = store.lookup(
-            derivation_key(sourcebuild.KIND, sourcebuild.inputs_of(req, toolchain, builder))
-        )
+        drv = store.lookup(derivation_key(BUILD_KIND, inputs_of(req, toolchain, builder)))
         if drv is None:
             return None
         wheel = str(drv.meta.get("wheel", ""))
-        key = {"kind": sourcebuild.KIND, "key": drv.key}
+        key = {"kind": BUILD_KIND, "key": drv.key}
         out[req.dist] = _realized(req.dist, wheel, drv.outputs["wheel"], store, [key])
     locked = _locked(loaded, lock)
     for dist, files in patch_sets(loaded, lock).items():
@@ -250,7 +250,7 @@ def stored_sources(
     return out
 
 
-def _build_record(store: Store, built: sourcebuild.BuildResult) -> SourceBuildRecord:
+def _build_record(store: Store, built: BuildResult) -> SourceBuildRecord:
     drv = store.lookup(built.key)
     if drv is None:  # realize() just returned it
         raise ManifestError(f"source build {built.key[:12]} vanished from the store")

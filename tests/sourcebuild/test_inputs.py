@@ -22,14 +22,10 @@ from envbuild.lock.model import (
     LockedPackage,
 )
 from envbuild.sourcebuild.builder import Toolchain
-from envbuild.sourcebuild.realise import (
-    FileRef,
-    SourceBuildRequest,
-    diff_inputs,
-    inputs_of,
-    realize,
-)
-from envbuild.sourcebuild.requests import build_closure, build_requests, build_roots, wheel_requires
+from envbuild.sourcebuild.closure import build_closure, build_roots, wheel_requires
+from envbuild.sourcebuild.inputs import diff_inputs, inputs_of
+from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, build_requests
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.store.core import Store, derivation_key
 
@@ -143,10 +139,10 @@ def test_the_key_holds_only_the_packages_the_build_venv_installs(
 
 def test_roots_are_the_extra_build_requirements_and_torch(lock_with: Callable[..., Lock]) -> None:
     lock = lock_with(packaging=("26.3", ()), psutil=("7.2.2", ()))
-    roots = build_roots("flash-attn", None)
+    roots = build_roots("flash-attn", torch=False)
     assert roots == ["ninja", "packaging", "psutil", "setuptools", "wheel"]
     assert build_closure(lock, roots, wheel_requires) == ["packaging==26.3", "psutil==7.2.2"]
-    assert build_closure(lock, build_roots("fixture-cext", None), wheel_requires) == []
+    assert build_closure(lock, build_roots("fixture-cext", torch=False), wheel_requires) == []
     both = build_closure(lock, [*roots, "torch"], wheel_requires)
     assert both == sorted([*SEEN, "packaging==26.3", "psutil==7.2.2"])
     dev = build_closure(lock, ["torch[dev]"], wheel_requires)
