@@ -295,7 +295,8 @@ def _stamp(text: str) -> float:
 def _toolchain(spec: Path) -> dict[str, Any]:
     """The build's key, torch, nvcc and flags, as envbuild computes them here."""
     from envbuild.sourcebuild.builder import HostBuilder
-    from envbuild.sourcebuild.realise import KIND, inputs_of
+    from envbuild.sourcebuild.inputs import inputs_of
+    from envbuild.sourcebuild.requests import KIND
     from envbuild.store.core import derivation_key
 
     loaded, req = _request(spec, None)

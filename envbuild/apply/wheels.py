@@ -12,6 +12,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
@@ -19,11 +20,13 @@ from envbuild.apply.generations import Generation
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.venv import WHEELS, StoreWheel
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
-from envbuild.fsio import sha256_file
 from envbuild.spec.load import LoadedSpec
 from envbuild.store.core import Store, default_store, derivation_key
 
-log = logging.getLogger("envbuild.apply.wheels")
+if TYPE_CHECKING:
+    from envbuild.sourcebuild.sources import RealizedWheel
+
+log = logging.getLogger(__name__)
 
 
 def wanted(inp: ApplyInput) -> list[str]:
@@ -96,10 +99,9 @@ class IndexOnly(WheelProvider):
 
 
 class StoreWheels(WheelProvider):
-    """Source builds on this machine (:func:`envbuild.sourcebuild.realise.realize` with a host
-    builder)
-    and patched wheels (:func:`envbuild.sourcebuild.patches.realize_patch`), kept in envbuild's
-    store."""
+    """Source builds (built on this machine's host) and patched wheels, kept in envbuild's store
+    (with a remote cache in front of it, a :class:`~envbuild.store.remote.CachedStore`), realised
+    as ``envbuild build`` realises them (:mod:`envbuild.sourcebuild.sources`)."""
 
     def __init__(self, store: Store | None = None) -> None:
         self._store = store
@@ -122,8 +124,8 @@ class StoreWheels(WheelProvider):
         if not inp.lock.envbuild.builds:
             return {}
         from envbuild.sourcebuild.builder import HostBuilder
-        from envbuild.sourcebuild.realise import KIND, inputs_of
-        from envbuild.sourcebuild.requests import build_requests
+        from envbuild.sourcebuild.inputs import inputs_of
+        from envbuild.sourcebuild.requests import KIND, build_requests
 
         builder = HostBuilder(inp.spec.python.version)
         out = {}
@@ -143,80 +145,30 @@ class StoreWheels(WheelProvider):
             return {}
         if inp.loaded is None:
             return None
-        from envbuild.build.plan import select_wheels
         from envbuild.sourcebuild.builder import HostBuilder
-        from envbuild.sourcebuild.patches import KIND as PATCH_KIND
-        from envbuild.sourcebuild.patches import PatchedWheel, patch_inputs
-        from envbuild.sourcebuild.realise import KIND, inputs_of
-        from envbuild.sourcebuild.requests import build_requests, patch_sets
+        from envbuild.sourcebuild.sources import stored_sources
 
-        store = self.store
-        out: dict[str, StoreWheel] = {}
         try:
             builder = HostBuilder(inp.spec.python.version)
-            for req in build_requests(inp.loaded, inp.lock):
-                toolchain = builder.probe(cuda=req.needs_cuda)
-                drv = store.lookup(derivation_key(KIND, inputs_of(req, toolchain, builder)))
-                if drv is None:
-                    return None
-                wheel = str(drv.meta.get("wheel", ""))
-                out[req.dist] = self._wheel(req.dist, req.version, wheel, drv.outputs["wheel"])
-            locked = {w.canonical: w for w in select_wheels(inp.lock, skip=frozenset(out))}
-            for dist, patches in patch_sets(inp.loaded, inp.lock).items():
-                if any(not p.is_file() or sha256_file(p) != ref.sha256 for p, ref in patches):
-                    return None  # provide() says what is wrong with the patch file
-                if dist in out:
-                    filename, sha256 = out[dist].filename, out[dist].sha256
-                elif dist in locked:
-                    filename, sha256 = locked[dist].filename, locked[dist].sha256
-                else:
-                    return None
-                refs = [ref for _, ref in patches]
-                drv = store.lookup(
-                    derivation_key(PATCH_KIND, patch_inputs(dist, filename, sha256, refs))
-                )
-                if drv is None:
-                    return None
-                p = PatchedWheel.model_validate(drv.meta["patched"])
-                out[dist] = self._wheel(dist, p.patched_version, p.wheel, drv.outputs["wheel"])
+            found = stored_sources(inp.loaded, inp.lock, self.store, builder)
         except EnvbuildError as exc:
             log.debug("store wheels not looked up: %s", exc.message)
             return None
-        return out
+        return None if found is None else {d: self._wheel(r) for d, r in found.items()}
 
     def provide(self, inp: ApplyInput) -> dict[str, StoreWheel]:
+        """The build's own path (:func:`envbuild.sourcebuild.sources.realize_sources`): each
+        wheel from this store, else from the remote cache in front of it, else built here."""
         if not wanted(inp):
             return {}
-        from envbuild.build.fetch import fetch_wheels
-        from envbuild.build.plan import select_wheels
         from envbuild.sourcebuild.builder import HostBuilder
-        from envbuild.sourcebuild.patches import realize_patch
-        from envbuild.sourcebuild.realise import realize
-        from envbuild.sourcebuild.requests import build_requests, patch_sets
+        from envbuild.sourcebuild.sources import realize_sources
 
-        loaded = self._loaded(inp)
-        store = self.store
-        out: dict[str, StoreWheel] = {}
-        with store.session():
-            builder = HostBuilder(inp.spec.python.version)
-            for req in build_requests(loaded, inp.lock):
-                built = realize(req, builder, store)
-                out[req.dist] = self._wheel(req.dist, req.version, built.wheel, built.wheel_digest)
-            locked = {w.canonical: w for w in select_wheels(inp.lock, skip=frozenset(out))}
-            for dist, patches in patch_sets(loaded, inp.lock).items():
-                if dist in out:
-                    base, filename = out[dist].path, out[dist].filename
-                elif dist in locked:
-                    ref = locked[dist]
-                    base = fetch_wheels([ref], store)[ref.sha256]
-                    filename = ref.filename
-                else:
-                    raise UserError(f"{inp.lock_path}: patches for {dist}, which is not locked")
-                result = realize_patch(store, dist, base, patches, filename=filename)
-                p = result.patched
-                log.info("%s: patched as %s (%s)", dist, p.patched_version, p.wheel)
-                out[dist] = self._wheel(dist, p.patched_version, p.wheel, result.wheel_digest)
-        return out
+        version = inp.spec.python.version
+        made = realize_sources(
+            self._loaded(inp), inp.lock, self.store, lambda: HostBuilder(version)
+        )
+        return {dist: self._wheel(r) for dist, r in made.wheels.items()}
 
     def keep(self, generation: Generation) -> None:
         """A store root naming the generation's wheels and the source-build and patch
@@ -226,7 +178,7 @@ class StoreWheels(WheelProvider):
         if not blobs:
             return
         from envbuild.sourcebuild.patches import KIND as PATCH_KIND
-        from envbuild.sourcebuild.realise import KIND as BUILD_KIND
+        from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 
         store, linked = self.store, set(blobs)
         keys = [
@@ -244,13 +196,13 @@ class StoreWheels(WheelProvider):
         if self.store.remove_root(name):
             log.debug("store root %s removed with its generation", name)
 
-    def _wheel(self, dist: str, version: str, filename: str, digest: str) -> StoreWheel:
-        path: Path = self.store.blob_path(digest)
+    def _wheel(self, realized: RealizedWheel) -> StoreWheel:
+        wheel = realized.wheel
         return StoreWheel(
-            dist=canonicalize_name(dist),
-            version=version,
-            filename=filename,
-            path=path,
-            sha256=digest.removeprefix("sha256:"),
-            size=path.stat().st_size,
+            dist=canonicalize_name(realized.dist),
+            version=wheel.version,
+            filename=wheel.filename,
+            path=realized.path,
+            sha256=wheel.sha256,
+            size=wheel.size,
         )

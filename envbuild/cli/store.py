@@ -12,7 +12,7 @@ from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.sourcebuild.requests import (
+from envbuild.sourcebuild.stored import (
     STATE_TEXT,
     add_wheel_for_spec,
     state_of,

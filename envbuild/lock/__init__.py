@@ -161,7 +161,7 @@ def build_lock(
 
 def closure_requires(loaded: LoadedSpec, lock: Lock) -> dict[str, list[str]]:
     """The Requires-Dist of every locked wheel the source builds' closures read, by sha256."""
-    from envbuild.sourcebuild.requests import build_requests, wheel_requires
+    from envbuild.sourcebuild.closure import closures, wheel_requires
 
     seen: dict[str, list[str]] = {}
 
@@ -169,7 +169,7 @@ def closure_requires(loaded: LoadedSpec, lock: Lock) -> dict[str, list[str]]:
         seen[wheel.sha256] = wheel_requires(wheel)
         return list(seen[wheel.sha256])
 
-    build_requests(loaded, lock, requires_of=record)
+    closures(lock, loaded.spec.builds, record)
     return dict(sorted(seen.items()))
 
 

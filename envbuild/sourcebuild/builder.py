@@ -37,7 +37,7 @@ from envbuild.sourcebuild.toolchain import (
     toolkit_home,
 )
 
-log = logging.getLogger("envbuild.sourcebuild.builder")
+log = logging.getLogger(__name__)
 
 #: Build outputs may not depend on the wall clock: setuptools/wheel honour this for zip times.
 SOURCE_DATE_EPOCH = "315532800"  # 1980-01-01, the earliest time a zip can hold

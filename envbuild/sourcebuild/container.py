@@ -20,7 +20,8 @@ config digest). A build then runs in a throwaway container of that image:
   other way out).
 
 The engine must see this machine's file system (the bind mounts): a local engine. The toolchain a
-build would use (Python, gcc, g++, nvcc inside the image) is probed once per builder image and kept
+build would use (Python, gcc, g++, nvcc inside the image) is probed once per builder image by
+:mod:`envbuild.sourcebuild.container_probe` (that file's text, run by the image's Python) and kept
 in the store (derivation kind ``builder-probe``), so a no-op rebuild does not start the engine.
 
 The builder's identity in a source build's key is ``{"mode": "container", "rootfs": …}``: the
@@ -43,6 +44,7 @@ from envbuild import proc
 from envbuild.build import image as image_mod
 from envbuild.build.layers import Layer
 from envbuild.errors import EnvironmentFailure, ToolNotFound
+from envbuild.sourcebuild import container_probe
 from envbuild.sourcebuild.builder import (
     SOURCE_DATE_EPOCH,
     Builder,
@@ -53,7 +55,7 @@ from envbuild.sourcebuild.builder import (
 from envbuild.sourcebuild.toolchain import cuda_home_script, parse_nvcc
 from envbuild.store.core import Output, Store
 
-log = logging.getLogger("envbuild.sourcebuild.builder")
+log = logging.getLogger(__name__)
 
 WORK = "/envbuild/work"
 UV = "/envbuild/tools/uv"
@@ -68,38 +70,6 @@ PROBE_KIND = "builder-probe"
 PROBE_FORMAT = 1
 #: A build may print nothing for a long time (one nvcc job): the engine's reads must not time out.
 ENGINE_TIMEOUT = 7 * 24 * 3600
-
-_PROBE = r"""
-import glob, json, os, platform, shutil, subprocess, sys
-
-def version(tool):
-    found = shutil.which(tool)
-    if not found:
-        return None
-    out = subprocess.run([found, "-dumpfullversion", "-dumpversion"], capture_output=True,
-                         text=True).stdout.strip()
-    return out.splitlines()[0] if out else "unknown"
-
-def nvcc():
-    candidates = [os.environ.get("ENVBUILD_NVCC", "")]
-    candidates += [os.path.join(os.environ.get(v, ""), "bin", "nvcc")
-                   for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    candidates += [shutil.which("nvcc") or "", "/usr/local/cuda/bin/nvcc"]
-    candidates += sorted(glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages",
-                                                "nvidia", "cu*", "bin", "nvcc")))
-    for path in candidates:
-        if path and os.access(path, os.X_OK) and os.path.isfile(path):
-            run = lambda *a: subprocess.run([path, *a], capture_output=True, text=True).stdout
-            return {"path": path, "version": run("--version"), "codes": run("--list-gpu-code"),
-                    "archs": run("--list-gpu-arch")}
-    return None
-
-out = {"python": platform.python_version(), "gcc": version(os.environ.get("CC", "gcc")),
-       "g++": version(os.environ.get("CXX", "g++"))}
-if sys.argv[1:] == ["cuda"]:
-    out["nvcc"] = nvcc()
-print("ENVBUILD-PROBE " + json.dumps(out, sort_keys=True))
-"""
 
 
 class ContainerBuilder(Builder):
@@ -173,16 +143,20 @@ class ContainerBuilder(Builder):
         }
 
         def run() -> Output:
-            script = f"{shlex.quote(self.python)} - {'cuda' if cuda else ''} <<'EOF'\n{_PROBE}EOF\n"
+            program = Path(container_probe.__file__).read_text(encoding="utf-8")
+            script = (
+                f"{shlex.quote(self.python)} - {'cuda' if cuda else ''} <<'EOF'\n{program}EOF\n"
+            )
             code, text = self._run(script, network="none")
-            line = next((ln for ln in text.splitlines() if ln.startswith("ENVBUILD-PROBE ")), None)
+            prefix = container_probe.PREFIX
+            line = next((ln for ln in text.splitlines() if ln.startswith(prefix)), None)
             if code != 0 or line is None:
                 raise EnvironmentFailure(
                     f"the builder image cannot run {self.python} (exit status {code})",
                     hint="the image's venv and its interpreter are needed for source builds: "
                     f"check [python] and the base; the container said: {text.strip()[-500:]}",
                 )
-            data = line.removeprefix("ENVBUILD-PROBE ").encode()
+            data = line.removeprefix(prefix).encode()
             return Output(outputs={"probe": self.store.add_bytes(data)})
 
         drv = self.store.build(PROBE_KIND, inputs, run).drv

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from envbuild.errors import InputFileError, UserError
 from envbuild.fsio import atomic_writer, canonical_json, record_digest, sha256_file
 from envbuild.store.core import Output, Store, derivation_key
 
-log = logging.getLogger("envbuild.sourcebuild.patches")
+log = logging.getLogger(__name__)
 
 #: Fixed time of every repacked entry (the earliest a zip can hold): no wall clock in outputs.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -56,6 +56,8 @@ class PatchRef(_Model):
 
 
 class PatchedWheel(_Model):
+    """A patched wheel: the original's version, the new one and file name, what was applied."""
+
     dist: str
     version: str = Field(description="the original version")
     patched_version: str
@@ -323,6 +325,8 @@ SHORT = 10
 
 
 class PatchResult(_Model):
+    """A realised patch derivation: its key, whether it was reused, the stored wheel."""
+
     key: str
     reused: bool
     wheel_digest: str
@@ -341,22 +345,26 @@ def patch_inputs(
 
 
 def patched_version(version: str, key: str) -> str:
+    """The version a patch derivation ``key`` gives a wheel of ``version``."""
     return local_version(version, key[:SHORT])
 
 
 def realize_patch(
     store: Store,
     dist: str,
-    wheel: Path,
+    wheel: Path | Callable[[], Path],
     patches: Sequence[tuple[Path, PatchRef]],
     *,
     filename: str | None = None,
     wheel_sha256: str | None = None,
 ) -> PatchResult:
-    """The patched wheel of ``dist``: from the store when these inputs were patched before.
+    """The patched wheel of ``dist``: from the store when these inputs were patched before (or
+    from the remote cache in front of it), else made.
 
     ``wheel_sha256``: the wheel's sha256 when already known (a store blob is named by it), so a
     patch found in the store neither reads nor hashes the wheel (``wheel`` need not exist then).
+    ``wheel`` may be a function that gives the wheel's path (fetching it): it is called only when
+    the patch is really made, and needs ``filename`` and ``wheel_sha256``.
     """
     for path, ref in patches:
         if not path.is_file():
@@ -367,14 +375,20 @@ def realize_patch(
                 f"{ref.path}: sha256 {got}, the lock says {ref.sha256}",
                 hint="the patch changed since the lock was made; run `envbuild lock`",
             )
-    wheel_sha = wheel_sha256 or sha256_file(wheel)
-    filename = filename or wheel.name  # a store blob is named by its digest: pass the file name
-    inputs = patch_inputs(dist, filename, wheel_sha, [r for _, r in patches])
+    if callable(wheel):
+        if filename is None or wheel_sha256 is None:
+            raise TypeError("a wheel given by a function needs its filename and wheel_sha256")
+        wheel_sha, name = wheel_sha256, filename
+    else:
+        wheel_sha = wheel_sha256 or sha256_file(wheel)
+        name = filename or wheel.name  # a store blob is named by its digest: pass the file name
+    inputs = patch_inputs(dist, name, wheel_sha, [r for _, r in patches])
     key = derivation_key(KIND, inputs)
 
     def build() -> Output:
+        source = wheel() if callable(wheel) else wheel
         with store.temp_dir(prefix="patch-") as tmp:
-            patched = patch_wheel(wheel, patches, key[:SHORT], tmp, filename=filename)
+            patched = patch_wheel(source, patches, key[:SHORT], tmp, filename=name)
             digest = store.add_file(tmp / patched.wheel)
         return Output(outputs={"wheel": digest}, meta={"patched": patched.model_dump()})
 

@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 from apply.conftest import CASES, Experiment, Machine
+from support.registry import Registry
 
 from envbuild.apply import generations as gens
+from envbuild.apply.inputs import from_spec
+from envbuild.apply.wheels import StoreWheels
+from envbuild.build.plan import select_wheels
 from envbuild.lock import lock_spec
+from envbuild.registry import Endpoint, parse_repo
 from envbuild.spec import load_spec
+from envbuild.store.remote import CachedStore, RemoteCache
 
 pytestmark = pytest.mark.slow
 
@@ -101,3 +107,34 @@ def test_a_patched_spec_applied_again_needs_no_yes_while_the_store_holds_its_whe
     assert r.json()["up_to_date"] and r.json()["generation"] == 1
     assert machine.systemd.running_pids() == pids
     assert [g.number for g in gens.list_generations(machine.paths)] == [1]
+
+
+@pytest.mark.registry
+def test_apply_takes_a_patched_wheel_from_the_remote_cache_before_fetching_what_it_patches(
+    experiment: Experiment, repo: Path, registry: Registry, tmp_path: Path
+) -> None:
+    """Apply realises patches as the build does (local store, then the remote cache, then make
+    it): machine B pulls the patched vllm machine A published and never downloads the locked
+    vllm wheel the patch applies to."""
+    spec = with_patch(experiment("tiny-a", lock=False), repo)
+    inp = from_spec(spec)
+    (vllm,) = [w for w in select_wheels(inp.lock) if w.canonical == "vllm"]
+
+    def cache() -> RemoteCache:
+        return RemoteCache(
+            parse_repo(registry.ref("cache/apply-patch")), endpoint=Endpoint(insecure=True)
+        )
+
+    a = CachedStore(tmp_path / "store-a", cache())
+    made = StoreWheels(a).provide(inp)
+    (published,) = a.remote.stats.published
+    assert a.has_blob(f"sha256:{vllm.sha256}")  # A fetched the wheel to patch it
+
+    b = CachedStore(tmp_path / "store-b", cache())
+    assert StoreWheels(b).stored(inp) is None  # the local store alone does not hold it
+    got = StoreWheels(b).provide(inp)
+    assert b.remote.stats.hits == [published] and b.remote.stats.published == []
+    assert got["vllm"].sha256 == made["vllm"].sha256
+    assert got["vllm"].version.startswith("0.0.1+envbuild.")
+    assert not b.has_blob(f"sha256:{vllm.sha256}")  # the patched wheel came; the original did not
+    assert StoreWheels(b).stored(inp) == got

@@ -24,7 +24,7 @@ from envbuild.build.layers import Layer
 from envbuild.build.manifest import BuiltLayer, stored_layer
 from envbuild.build.pipeline import load_lock
 from envbuild.sourcebuild.container import ContainerBuilder
-from envbuild.sourcebuild.realise import inputs_of
+from envbuild.sourcebuild.inputs import inputs_of
 from envbuild.sourcebuild.requests import build_requests
 from envbuild.spec import load_spec
 from envbuild.store.core import Store

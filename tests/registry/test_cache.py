@@ -188,7 +188,8 @@ def test_the_source_build_stage_uses_the_cache(registry: Registry, tmp_path: Pat
     machine A compiled, with its build log and audit, without compiling."""
     from envbuild.fsio import sha256_file
     from envbuild.sourcebuild.builder import HostBuilder
-    from envbuild.sourcebuild.realise import FileRef, SourceBuildRequest, realize
+    from envbuild.sourcebuild.realise import realize
+    from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest
 
     sdist = pack_sdist(FIXTURES / "cext", "fixture-cext", "1.0.0", tmp_path)
     req = SourceBuildRequest.model_validate(

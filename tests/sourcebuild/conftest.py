@@ -22,7 +22,7 @@ from envbuild.lock.model import (
     LockedPackage,
     ToolTable,
 )
-from envbuild.sourcebuild.realise import FileRef, SourceBuildRequest
+from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest
 from envbuild.sourcebuild.toolchain import find_nvcc
 from envbuild.spec.load import LoadedSpec
 from envbuild.store.core import Store

@@ -15,8 +15,8 @@ from support.wheels import make_wheel
 from envbuild.lock import lock_path
 from envbuild.lock.io import dumps
 from envbuild.sourcebuild.builder import HostBuilder
-from envbuild.sourcebuild.realise import FileRef, realize
-from envbuild.sourcebuild.requests import build_requests
+from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.requests import FileRef, build_requests
 from envbuild.spec.load import load_spec
 from envbuild.store.core import Store
 
@@ -225,7 +225,7 @@ def test_store_plan_says_what_a_build_costs_and_whether_it_is_needed(
 
 
 def test_state_of_asks_the_remote_cache_after_the_store(tmp_path: Path) -> None:
-    from envbuild.sourcebuild.requests import state_of
+    from envbuild.sourcebuild.stored import state_of
 
     class Remote(Store):
         def available(self, key: str) -> bool:

@@ -21,17 +21,11 @@ from support.wheels import make_wheel
 from envbuild.errors import InputFileError, IntegrityError, ToolNotFound, UserError
 from envbuild.fsio import sha256_file
 from envbuild.sourcebuild.builder import Toolchain
-from envbuild.sourcebuild.realise import (
-    FileRef,
-    SdistPatch,
-    SourceBuildRequest,
-    TorchRef,
-    inputs_of,
-    patch_sdist,
-    plan_jobs,
-    realize,
-    sdist_patches,
-)
+from envbuild.sourcebuild.inputs import SdistPatch, inputs_of, sdist_patches
+from envbuild.sourcebuild.jobs import plan_jobs
+from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, TorchRef
+from envbuild.sourcebuild.sdist import patch_sdist
 from envbuild.sourcebuild.toolchain import (
     Nvcc,
     assemble_cuda_home,
@@ -139,7 +133,7 @@ def test_a_pinned_max_jobs_that_does_not_fit_is_warned_at_build_start(
     assert f"MAX_JOBS=16 x NVCC_THREADS=4 needs about {16 * plan.per_job_bytes / GB:.1f} GB" in text
     assert "24.0 GB is available" in text and "a safe value here is MAX_JOBS=2" in text
     builder = recording(make_wheel(tmp_path / "out", "flash-attn", "2.8.3.post2", {}))
-    with caplog.at_level(logging.WARNING, logger="envbuild.sourcebuild.realise"):
+    with caplog.at_level(logging.WARNING, logger="envbuild.sourcebuild.jobs"):
         realize(req, builder, Store(tmp_path / "store"), memory=24 * GB)
     (warned,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "MAX_JOBS=16 x NVCC_THREADS=4 needs about" in warned.getMessage()
@@ -249,7 +243,8 @@ def test_the_cxx20_patch_applies_to_the_real_sdist(tmp_path: Path) -> None:
     """The locked flash_attn-2.8.3.post2.tar.gz (8 MB from PyPI): the patch applies with no
     fuzz and leaves no -std=c++17 in the CUDA flags."""
     from envbuild.lock import lock_path, read_lock
-    from envbuild.sourcebuild.realise import SOURCE_PATCHES, fetch_sdist
+    from envbuild.sourcebuild.inputs import SOURCE_PATCHES
+    from envbuild.sourcebuild.sdist import fetch_sdist
     from envbuild.spec.load import load_spec
 
     repo = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ from envbuild.lock import lock_path, read_lock
 from envbuild.proc import find_uv
 from envbuild.sourcebuild.audit import audit_wheel
 from envbuild.sourcebuild.builder import HostBuilder
-from envbuild.sourcebuild.realise import KIND, inputs_of
-from envbuild.sourcebuild.requests import build_requests
+from envbuild.sourcebuild.inputs import inputs_of
+from envbuild.sourcebuild.requests import KIND, build_requests
 from envbuild.sourcebuild.toolchain import find_nvcc
 from envbuild.spec.load import load_spec
 from envbuild.store.core import Store, derivation_key

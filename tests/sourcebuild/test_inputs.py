@@ -15,6 +15,7 @@ from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
 from envbuild.errors import UserError
+from envbuild.lock import closure_requires
 from envbuild.lock.model import (
     Hashes,
     Lock,
@@ -22,14 +23,10 @@ from envbuild.lock.model import (
     LockedPackage,
 )
 from envbuild.sourcebuild.builder import Toolchain
-from envbuild.sourcebuild.realise import (
-    FileRef,
-    SourceBuildRequest,
-    diff_inputs,
-    inputs_of,
-    realize,
-)
-from envbuild.sourcebuild.requests import build_closure, build_requests, build_roots, wheel_requires
+from envbuild.sourcebuild.closure import build_closure, build_roots, wheel_requires
+from envbuild.sourcebuild.inputs import diff_inputs, inputs_of
+from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, build_requests
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.store.core import Store, derivation_key
 
@@ -143,14 +140,31 @@ def test_the_key_holds_only_the_packages_the_build_venv_installs(
 
 def test_roots_are_the_extra_build_requirements_and_torch(lock_with: Callable[..., Lock]) -> None:
     lock = lock_with(packaging=("26.3", ()), psutil=("7.2.2", ()))
-    roots = build_roots("flash-attn", None)
+    roots = build_roots("flash-attn", torch=False)
     assert roots == ["ninja", "packaging", "psutil", "setuptools", "wheel"]
     assert build_closure(lock, roots, wheel_requires) == ["packaging==26.3", "psutil==7.2.2"]
-    assert build_closure(lock, build_roots("fixture-cext", None), wheel_requires) == []
+    assert build_closure(lock, build_roots("fixture-cext", torch=False), wheel_requires) == []
     both = build_closure(lock, [*roots, "torch"], wheel_requires)
     assert both == sorted([*SEEN, "packaging==26.3", "psutil==7.2.2"])
     dev = build_closure(lock, ["torch[dev]"], wheel_requires)
     assert dev == sorted([*SEEN, "pytest==9.0.0"])  # an extra's dependencies, when asked for
+
+
+def test_the_lock_records_what_the_closure_reads_and_a_build_reads_it_back(
+    demo: LoadedSpec, lock_with: Callable[..., Lock], tmp_path: Path
+) -> None:
+    """`envbuild lock` records the Requires-Dist of exactly the wheels the build closure follows
+    (envbuild.sourcebuild.closure, the lock's only use of sourcebuild), and a request keyed from
+    that record alone, its wheels gone, has the constraints reading the wheels gave."""
+    lock = lock_with()
+    recorded = closure_requires(demo, lock)
+    names = {p.name for p in lock.packages for w in p.wheels if w.hashes.sha256 in recorded}
+    assert sorted(names) == [c.split("==")[0] for c in SEEN]
+    meta = lock.envbuild.model_copy(update={"requires": recorded})
+    offline = lock.model_copy(update={"tool": lock.tool.model_copy(update={"envbuild": meta})})
+    for wheel in (tmp_path / "wheels").rglob("*.whl"):
+        wheel.unlink()
+    assert only_request(demo, offline).constraints == SEEN
 
 
 def test_a_bump_no_build_can_see_reuses_the_build(

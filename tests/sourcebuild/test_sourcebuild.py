@@ -18,14 +18,9 @@ from sourcebuild.conftest import request, store_state
 from envbuild import proc
 from envbuild.errors import ToolNotFound, UserError
 from envbuild.sourcebuild.builder import HostBuilder
-from envbuild.sourcebuild.realise import (
-    ArchMissing,
-    BuildFailed,
-    BuildResult,
-    FileRef,
-    add_wheel,
-    realize,
-)
+from envbuild.sourcebuild.checks import ArchMissing
+from envbuild.sourcebuild.realise import BuildFailed, BuildResult, add_wheel, realize
+from envbuild.sourcebuild.requests import FileRef
 from envbuild.sourcebuild.toolchain import choose_max_jobs
 from envbuild.store.core import Store
 
