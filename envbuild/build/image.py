@@ -10,7 +10,6 @@ Public API (stable; E and H build on it)::
     write_oci_layout(store, image, out_dir, ref_name="quickstart")      # oci-layout, index.json,
                                                                         # blobs/ (hardlinks)
     write_docker_archive(store, image, out_dir / DOCKER_ARCHIVE, repo_tags=["envbuild/q:tag"])
-    layout = read_oci_layout(dir)  # the one image of a layout: manifest, config, blob paths
 
 Every JSON document (config, manifest, index.json, Docker's manifest.json) is compact canonical
 JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times are inputs:
@@ -29,11 +28,10 @@ import contextlib
 import errno
 import hashlib
 import io
-import json
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,18 +51,14 @@ from envbuild.errors import (
     ToolNotFound,
 )
 from envbuild.fsio import atomic_writer, compact_json, write_atomic
-from envbuild.store.core import DIGEST_RE, Store, digest_hex
+from envbuild.oci import OCI_CONFIG, OCI_INDEX, OCI_LAYOUT, OCI_MANIFEST, REF_NAME
+from envbuild.store.core import Store, digest_hex
 
 log = logging.getLogger("envbuild.build.image")
 
-MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-INDEX = "application/vnd.oci.image.index.v1+json"
-CONFIG = "application/vnd.oci.image.config.v1+json"
-REF_NAME = "org.opencontainers.image.ref.name"
 DOCKER_ARCHIVE = "docker-archive.tar"
 API_VERSION = "1.41"
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
-OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 
 class _Model(BaseModel):
@@ -160,7 +154,7 @@ class Image(_Model):
 
     def descriptor(self, ref_name: str | None = None) -> dict[str, Any]:
         desc: dict[str, Any] = {
-            "mediaType": MANIFEST,
+            "mediaType": OCI_MANIFEST,
             "digest": self.manifest_digest,
             "size": self.manifest_size,
             "platform": {"architecture": self.architecture, "os": self.os},
@@ -252,8 +246,8 @@ def manifest_json(config_digest: str, config_size: int, layers: Sequence[Layer])
     return compact_json(
         {
             "schemaVersion": 2,
-            "mediaType": MANIFEST,
-            "config": {"mediaType": CONFIG, "digest": config_digest, "size": config_size},
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": config_size},
             "layers": [
                 {"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers
             ],
@@ -319,7 +313,7 @@ class Referrer:
 
 def index_json(image: Image, ref_name: str | None, referrers: Sequence[Referrer] = ()) -> bytes:
     manifests = [image.descriptor(ref_name), *(r.descriptor for r in referrers)]
-    return compact_json({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests})
+    return compact_json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
 
 
 def write_oci_layout(
@@ -530,96 +524,6 @@ def write_docker_archive(
         sink = layers_mod.Sink(out)
         layers_mod.write_tar(arranged, sink, layers_mod.source_date_epoch())
     return inside
-
-
-@dataclass(frozen=True)
-class LayoutImage:
-    """The image an OCI layout holds (after choosing one manifest)."""
-
-    root: Path
-    manifest_digest: str
-    manifest: dict[str, Any]
-    config_digest: str
-    config: dict[str, Any]
-
-    def blob_path(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / digest_hex(digest)
-
-    def layer_descriptors(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("layers") or [])
-
-
-def read_oci_layout(
-    root: Path,
-    *,
-    ref_name: str | None = None,
-    digest: str | None = None,
-    architecture: str = "amd64",
-) -> LayoutImage:
-    """Open the OCI layout at ``root`` and pick one image manifest: by ``digest``, by
-    ``ref_name``, or the only one (an index is followed to its ``linux/architecture`` entry)."""
-    root = Path(root)
-    try:
-        index = json.loads((root / "index.json").read_bytes())
-        json.loads((root / "oci-layout").read_bytes())
-    except (OSError, ValueError) as exc:
-        raise ManifestError(f"{root} is not an OCI image layout: {exc}") from exc
-    candidates = list(index.get("manifests") or [])
-    if not digest:  # an OCI 1.1 referrer (the SBOM) is listed with its artifactType: not an image
-        candidates = [m for m in candidates if not (isinstance(m, dict) and "artifactType" in m)]
-    if digest:
-        candidates = [m for m in candidates if m.get("digest") == digest] or [
-            {"digest": digest, "mediaType": MANIFEST}
-        ]
-    elif ref_name:
-        candidates = [
-            m for m in candidates if (m.get("annotations") or {}).get(REF_NAME) == ref_name
-        ]
-    if len(candidates) != 1:
-        raise ManifestError(
-            f"{root}: expected one image in index.json, found {len(candidates)}",
-            hint="name the image by digest or by its org.opencontainers.image.ref.name",
-        )
-    desc = candidates[0]
-    for _ in range(4):
-        d = str(desc.get("digest", ""))
-        if not DIGEST_RE.match(d):
-            raise ManifestError(f"{root}: bad digest {d!r} in index.json")
-        data = _read_verified(root, d)
-        doc = json.loads(data)
-        if doc.get("manifests") is not None:  # an index: choose the platform
-            wanted = [
-                m
-                for m in doc["manifests"]
-                if (m.get("platform") or {}).get("os") == "linux"
-                and (m.get("platform") or {}).get("architecture") == architecture
-            ]
-            if not wanted:
-                raise ManifestError(f"{root}: no linux/{architecture} image in index {d}")
-            desc = wanted[0]
-            continue
-        config_digest = str((doc.get("config") or {}).get("digest", ""))
-        config = json.loads(_read_verified(root, config_digest))
-        return LayoutImage(root, d, doc, config_digest, config)
-    raise ManifestError(f"{root}: indexes nested too deep")
-
-
-def _read_verified(root: Path, digest: str) -> bytes:
-    if not DIGEST_RE.match(digest):
-        raise ManifestError(f"{root}: bad digest {digest!r}")
-    path = root / "blobs" / "sha256" / digest_hex(digest)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ManifestError(f"{root}: blob {digest} is missing") from exc
-    if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
-        raise IntegrityError(f"{path} does not match its digest")
-    return data
-
-
-def iter_layer_blobs(layout: LayoutImage) -> Iterator[tuple[dict[str, Any], Path]]:
-    for desc in layout.layer_descriptors():
-        yield desc, layout.blob_path(str(desc["digest"]))
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import __version__
+from envbuild import __version__, oci
 from envbuild.build import image, layers
 from envbuild.build.plan import Plan
 from envbuild.errors import EnvironmentFailure, OutputError
@@ -306,7 +306,7 @@ def _up_to_date(
         if (
             _head(out / MANIFEST_FILE, len(want)) != want
             or _head(out / OCI_DIR / "index.json", len(want_index)) != want_index
-            or _head(out / OCI_DIR / "oci-layout", len(image.OCI_LAYOUT)) != image.OCI_LAYOUT
+            or _head(out / OCI_DIR / "oci-layout", len(oci.OCI_LAYOUT)) != oci.OCI_LAYOUT
         ):
             return False
     except OSError:

@@ -32,7 +32,7 @@ from typing import IO, Any, Literal, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuild import scratch
+from envbuild import oci, scratch
 from envbuild.build import image, layers
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import (
@@ -442,7 +442,7 @@ def _sbom(
             manifest, plan, lock, created=datetime.fromisoformat(created),
             license_of=lambda sha: sbom.wheel_license(paths[sha]) if sha in paths else None,
         )  # fmt: skip
-        subject = {"mediaType": image.MANIFEST, "digest": manifest.image,
+        subject = {"mediaType": oci.OCI_MANIFEST, "digest": manifest.image,
                    "size": store.blob_path(manifest.image).stat().st_size}  # fmt: skip
         art = sbom.artifact_manifest(subject, data, created=created)
         return Output(

@@ -17,12 +17,12 @@ from envbuild.build.image import (
     History,
     Image,
     ImageConfig,
-    read_oci_layout,
     write_docker_archive,
     write_image,
     write_oci_layout,
 )
 from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.oci import open_layout
 from envbuild.store.core import Store
 
 from .conftest import DebianRootfs, need
@@ -88,9 +88,9 @@ def test_a_tiny_image_is_canonical_and_deterministic(tmp_path):
         assert (out1 / name).read_bytes() == (out2 / name).read_bytes()
     for blob in (out1 / "blobs" / "sha256").iterdir():
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
-    layout = read_oci_layout(out1, ref_name="tiny")
-    assert layout.manifest_digest == a.manifest_digest
-    assert layout.config_digest == a.config_digest
+    layout = open_layout(out1, "tiny")
+    assert layout.manifest.digest == a.manifest_digest
+    assert layout.config.digest == a.config_digest
 
 
 def test_source_date_epoch_dates_the_config(tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ from envbuild.build.base.tarread import (
     tar_entries,
 )
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import History, ImageConfig, read_oci_layout
+from envbuild.build.image import History, ImageConfig
 from envbuild.build.layers import (
     MEDIA_TYPES,
     Compression,
@@ -44,6 +44,7 @@ from envbuild.build.layers import (
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock.model import BaseLock, OciLayoutBaseLock, RootfsBaseLock
+from envbuild.oci import open_layout
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger("envbuild.build.base")
@@ -248,14 +249,11 @@ def from_oci_layout(
     inputs = {"recipe": RECIPE, "manifest": pin.digest}
 
     def builder() -> Output:
-        try:
-            layout = read_oci_layout(path, digest=pin.digest)
-        except (ValueError, TypeError, AttributeError) as exc:  # a manifest that is not one
-            raise ManifestError(f"OCI layout {path}: not a readable image ({exc})") from exc
+        layout = open_layout(path, digest=pin.digest, architecture="amd64")
         return import_image(
             store,
-            layout.manifest,
-            layout.config,
+            layout.document,
+            layout.read_config(),
             layout.blob_path,
             where=f"OCI layout {path}",
             limits=limits,
