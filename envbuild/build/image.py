@@ -40,7 +40,9 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.build import layers as layers_mod
-from envbuild.build.layers import Compression, Entry, Kind, Layer
+from envbuild.build import tarwrite
+from envbuild.build.entries import Entry, Kind, Opener, arrange
+from envbuild.build.layers import Compression, Layer
 from envbuild.errors import (
     EnvironmentFailure,
     InputFileError,
@@ -382,7 +384,7 @@ def _place_blob(src: Path, dest: Path, digest: str, keep: Callable[[Path], bool]
             raise OutputError(f"cannot write {dest}: {exc.strerror}") from exc
     h = hashlib.sha256()  # the copy reads every byte: hash them on the way
     with atomic_writer(dest, 0o444) as out, src.open("rb") as f:
-        while chunk := f.read(layers_mod.CHUNK):
+        while chunk := f.read(tarwrite.CHUNK):
             h.update(chunk)
             out.write(chunk)
         if f"sha256:{h.hexdigest()}" != digest:
@@ -412,7 +414,7 @@ class _Closing:
         self._stack.close()
 
 
-def _bytes_opener(data: bytes) -> layers_mod.Opener:
+def _bytes_opener(data: bytes) -> Opener:
     return lambda: io.BytesIO(data)
 
 
@@ -445,7 +447,7 @@ class _Hashing:
 
 def _hashing_opener(
     store: Store, origin: str, digest: str, media_type: str | None = None
-) -> layers_mod.Opener:
+) -> Opener:
     """The bytes of store blob ``origin`` (uncompressed when ``media_type`` is given), checked
     against ``digest`` as the archive reads them."""
     path = store.blob_path(origin)
@@ -515,14 +517,14 @@ def write_docker_archive(
     add_bytes("manifest.json", compact_json(docker_manifest))
     add_bytes("oci-layout", OCI_LAYOUT)
     add_bytes("index.json", index_json(inside, ref_name))
-    arranged = layers_mod.arrange(entries)
+    arranged = arrange(entries)
     with atomic_writer(Path(out_path), 0o644) as f:
 
         def out(data: bytes | bytearray | memoryview) -> None:
             f.write(data)
 
-        sink = layers_mod.Sink(out)
-        layers_mod.write_tar(arranged, sink, layers_mod.source_date_epoch())
+        sink = tarwrite.Sink(out)
+        tarwrite.write_tar(arranged, sink, layers_mod.source_date_epoch())
     return inside
 
 

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild import oci, scratch
 from envbuild.build import image, layers
+from envbuild.build.entries import Kind, tree_entries
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import (
     INSTALL_FORMAT,
@@ -838,8 +839,8 @@ def pack(
     progress: Progress = NULL,
 ) -> layers.Layer:
     """Pack the staging tree ``root`` as one deterministic layer, reporting bytes read."""
-    entries = layers.tree_entries(root)
-    total = sum(e.size for e in entries if e.kind is layers.Kind.FILE)
+    entries = tree_entries(root)
+    total = sum(e.size for e in entries if e.kind is Kind.FILE)
     with progress.task(f"pack {name}", total) as task:
         counted = [
             replace(e, source=_counting_opener(e.source, task.advance))

@@ -17,15 +17,12 @@ import pytest
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import UnsafeArchive
+from envbuild.build.entries import Entry, Kind, opaque, whiteout
 from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
 from envbuild.build.layers import (
     Compression,
-    Entry,
-    Kind,
     layer_from_tree,
-    opaque,
     open_uncompressed,
-    whiteout,
     write_layer,
 )
 from envbuild.errors import IntegrityError, ToolFailed
