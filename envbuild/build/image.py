@@ -1,4 +1,4 @@
-"""Images: the OCI config and manifest, the OCI image layout, and the ``docker load`` archive.
+"""Images: the OCI image config and manifest of a list of layers, written into the store.
 
 Public API (stable; E and H build on it)::
 
@@ -7,60 +7,31 @@ Public API (stable; E and H build on it)::
                         history=[*base.history, History(created_by="envbuild: torch 2.9")])
     image.manifest_digest          # "sha256:…": the image digest a build prints
     image.blobs()                  # every blob the image needs: give them to store.set_root
-    write_oci_layout(store, image, out_dir, ref_name="quickstart")      # oci-layout, index.json,
-                                                                        # blobs/ (hardlinks)
-    write_docker_archive(store, image, out_dir / DOCKER_ARCHIVE, repo_tags=["envbuild/q:tag"])
 
-Every JSON document (config, manifest, index.json, Docker's manifest.json) is compact canonical
-JSON (sorted keys, no whitespace), so the same inputs give the same digests. Times are inputs:
-a build dates its image with :func:`created_for` (``SOURCE_DATE_EPOCH``, else the lock's cutoff);
-without ``created`` only ``SOURCE_DATE_EPOCH`` dates one.
-
-The Docker archive is an OCI layout plus Docker's ``manifest.json`` in one deterministic tar.
-Docker before 23 cannot read zstd layers (``archive/tar: invalid tar header``, checked with 20.10),
-so when the image has zstd layers the archive holds them uncompressed (their digest is then their
-diff_id; the config, hence Docker's image ID, is the same), decompressed on the fly.
+Every JSON document is compact canonical JSON (sorted keys, no whitespace), so the same inputs
+give the same digests. Times are inputs: a build dates its image with :func:`created_for`
+(``SOURCE_DATE_EPOCH``, else the lock's cutoff); without ``created`` only ``SOURCE_DATE_EPOCH``
+dates one. Where the image goes next: :mod:`envbuild.build.ocilayout` (an OCI image layout) and
+:mod:`envbuild.build.dockerarchive` (a ``docker load`` tar).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
-import io
 import logging
 import os
-import socket
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.build import layers as layers_mod
-from envbuild.build import tarwrite
-from envbuild.build.entries import Entry, Kind, Opener, arrange
-from envbuild.build.layers import Compression, Layer
-from envbuild.errors import (
-    EnvironmentFailure,
-    InputFileError,
-    IntegrityError,
-    ManifestError,
-    OutputError,
-    ToolFailed,
-    ToolNotFound,
-)
-from envbuild.fsio import atomic_writer, compact_json, write_atomic
-from envbuild.oci import OCI_CONFIG, OCI_INDEX, OCI_LAYOUT, OCI_MANIFEST, REF_NAME
-from envbuild.store.core import Store, digest_hex
+from envbuild.build.layers import Layer, source_date_epoch
+from envbuild.errors import ManifestError
+from envbuild.fsio import compact_json
+from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME
+from envbuild.store.core import Store
 
-log = logging.getLogger("envbuild.build.image")
-
-DOCKER_ARCHIVE = "docker-archive.tar"
-API_VERSION = "1.41"
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+log = logging.getLogger(__name__)
 
 
 class _Model(BaseModel):
@@ -76,6 +47,7 @@ class History(_Model):
     created: str | None = None  # kept from a base image; ours come from SOURCE_DATE_EPOCH
 
     def as_json(self, created: str | None) -> dict[str, Any]:
+        """The entry as the config holds it, dated ``created`` unless it has its own date."""
         out: dict[str, Any] = {}
         if self.created_by:
             out["created_by"] = self.created_by
@@ -152,9 +124,11 @@ class Image(_Model):
     layers: list[Layer]
 
     def blobs(self) -> list[str]:
+        """Every blob the image needs: manifest, config, layers (sorted, once each)."""
         return sorted({self.manifest_digest, self.config_digest, *(x.digest for x in self.layers)})
 
     def descriptor(self, ref_name: str | None = None) -> dict[str, Any]:
+        """The manifest's descriptor as an index lists it (named ``ref_name`` when given)."""
         desc: dict[str, Any] = {
             "mediaType": OCI_MANIFEST,
             "digest": self.manifest_digest,
@@ -170,7 +144,7 @@ def created_time() -> str | None:
     """``SOURCE_DATE_EPOCH`` as RFC 3339, or None when it is not set (then no times at all)."""
     if not os.environ.get("SOURCE_DATE_EPOCH", "").strip():
         return None
-    moment = datetime.fromtimestamp(layers_mod.source_date_epoch(), tz=UTC)
+    moment = datetime.fromtimestamp(source_date_epoch(), tz=UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -245,6 +219,7 @@ def config_json(
 
 
 def manifest_json(config_digest: str, config_size: int, layers: Sequence[Layer]) -> bytes:
+    """The OCI image manifest document of a config and ``layers``, compact and canonical."""
     return compact_json(
         {
             "schemaVersion": 2,
@@ -283,78 +258,8 @@ def write_image(
     )
 
 
-def uncompressed_variant(store: Store, image: Image) -> Image:
-    """The same image (same config, same image ID) with every layer uncompressed."""
-    plain = [
-        x.model_copy(
-            update={
-                "digest": x.diff_id,
-                "size": x.uncompressed_size,
-                "media_type": layers_mod.MEDIA_TYPES[Compression.NONE],
-                "compression": Compression.NONE,
-                "compressor": "none",
-            }
-        )
-        for x in image.layers
-    ]
-    man = manifest_json(image.config_digest, image.config_size, plain)
-    return image.model_copy(
-        update={"manifest_digest": store.add_bytes(man), "manifest_size": len(man), "layers": plain}
-    )
-
-
-@dataclass(frozen=True)
-class Referrer:
-    """An OCI 1.1 artifact about the image (its SBOM): the descriptor ``index.json`` lists after
-    the image (with its ``artifactType``, so readers that want the image skip it) and the store
-    blobs it is made of."""
-
-    descriptor: dict[str, Any]
-    blobs: tuple[str, ...]
-
-
-def index_json(image: Image, ref_name: str | None, referrers: Sequence[Referrer] = ()) -> bytes:
-    manifests = [image.descriptor(ref_name), *(r.descriptor for r in referrers)]
-    return compact_json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests})
-
-
-def write_oci_layout(
-    store: Store,
-    image: Image,
-    out_dir: Path,
-    *,
-    ref_name: str | None,
-    keep: Callable[[Path], bool] | None = None,
-    referrers: Sequence[Referrer] = (),
-) -> Path:
-    """Write ``image`` as an OCI image layout in ``out_dir`` (blobs hardlinked from the store,
-    copied across file systems). Every blob is checked first (:meth:`Store.verified_path`): a
-    corrupt one stops the write. A blob already in ``out_dir`` stays when it is the store's own
-    file (a hard link) or ``keep(path)`` says it is unchanged since it was written; any other is
-    replaced. Blobs of an earlier image in ``blobs/`` are removed; other files in ``out_dir``
-    are left alone. ``referrers`` (the SBOM) are store blobs placed and listed the same way.
-    ``index.json`` is written last."""
-    out_dir = Path(out_dir)
-    blob_dir = out_dir / "blobs" / "sha256"
-    try:
-        blob_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create {blob_dir}: {exc.strerror}") from exc
-    wanted = set(image.blobs()) | {d for r in referrers for d in r.blobs}
-    for path in blob_dir.iterdir():
-        if f"sha256:{path.name}" not in wanted:
-            path.unlink()
-    for digest in sorted(wanted):
-        src = store.verified_path(digest, what=_blob_role(image, digest))
-        dest = blob_dir / digest_hex(digest)
-        if _place_blob(src, dest, digest, keep):
-            store.linked(digest)
-    write_atomic(out_dir / "oci-layout", OCI_LAYOUT)
-    write_atomic(out_dir / "index.json", index_json(image, ref_name, referrers))
-    return out_dir
-
-
-def _blob_role(image: Image, digest: str) -> str:
+def blob_role(image: Image, digest: str) -> str:
+    """What ``digest`` is to ``image``, for an error about its store blob."""
     if digest == image.manifest_digest:
         return "the image manifest"
     if digest == image.config_digest:
@@ -362,286 +267,3 @@ def _blob_role(image: Image, digest: str) -> str:
     if digest in image.blobs():
         return "a layer"
     return "the SBOM"
-
-
-def _place_blob(src: Path, dest: Path, digest: str, keep: Callable[[Path], bool] | None) -> bool:
-    """Put the (checked) store blob ``src`` at ``dest``; True when it was hard-linked now."""
-    try:
-        st = dest.lstat()
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if os.path.samestat(st, src.stat()) or (keep is not None and keep(dest)):
-            return False
-        dest.unlink()
-    try:
-        os.link(src, dest)
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-            raise OutputError(f"cannot write {dest}: {exc.strerror}") from exc
-    h = hashlib.sha256()  # the copy reads every byte: hash them on the way
-    with atomic_writer(dest, 0o444) as out, src.open("rb") as f:
-        while chunk := f.read(tarwrite.CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-        if f"sha256:{h.hexdigest()}" != digest:
-            raise IntegrityError(
-                f"store blob {digest} changed while it was copied to {dest}",
-                hint="run `envbuild store verify --repair`, then build again",
-            )
-    return False
-
-
-class _Closing:
-    """A readable stream whose close also ends the context that opened it."""
-
-    def __init__(self, f: IO[bytes], stack: contextlib.ExitStack) -> None:
-        self._f, self._stack = f, stack
-
-    def readinto(self, buf: memoryview) -> int:
-        return self._f.readinto(buf)  # type: ignore[attr-defined, no-any-return]
-
-    def read(self, n: int = -1) -> bytes:
-        return self._f.read(n)
-
-    def __enter__(self) -> _Closing:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stack.close()
-
-
-def _bytes_opener(data: bytes) -> Opener:
-    return lambda: io.BytesIO(data)
-
-
-class _Hashing:
-    """A blob's stream that hashes what is read; at its end (``__exit__``) the digest must be
-    ``digest``, else :class:`IntegrityError` names the store blob ``origin`` and the fix."""
-
-    def __init__(self, f: Any, digest: str, origin: str, store: Store) -> None:
-        self._f, self._digest, self._origin, self._store = f, digest, origin, store
-        self._hash = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data: bytes = self._f.read(n)
-        self._hash.update(data)
-        return data
-
-    def __enter__(self) -> _Hashing:
-        return self
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> None:
-        try:
-            self._f.__exit__(kind, exc, tb)
-        except ToolFailed as failed:  # a decompressor that cannot read the blob
-            raise self._store.corrupt_error(
-                self._origin, f"{failed.tool}: {failed.message}"
-            ) from None
-        if kind is None and f"sha256:{self._hash.hexdigest()}" != self._digest:
-            raise self._store.corrupt_error(self._origin)
-
-
-def _hashing_opener(
-    store: Store, origin: str, digest: str, media_type: str | None = None
-) -> Opener:
-    """The bytes of store blob ``origin`` (uncompressed when ``media_type`` is given), checked
-    against ``digest`` as the archive reads them."""
-    path = store.blob_path(origin)
-
-    def opener() -> IO[bytes]:
-        if media_type is None:
-            return _Hashing(path.open("rb"), digest, origin, store)  # type: ignore[return-value]
-        stack = contextlib.ExitStack()
-        f = stack.enter_context(layers_mod.open_uncompressed(path, media_type))
-        return _Hashing(_Closing(f, stack), digest, origin, store)  # type: ignore[return-value]
-
-    return opener
-
-
-def write_docker_archive(
-    store: Store,
-    image: Image,
-    out_path: Path,
-    *,
-    repo_tags: Sequence[str],
-    ref_name: str | None = None,
-    uncompressed: bool | None = None,
-) -> Image:
-    """Write a tar that ``docker load`` accepts: an OCI layout plus Docker's ``manifest.json``.
-
-    ``uncompressed`` (default: when any layer is zstd) stores the layers uncompressed so that
-    Docker before 23 can load them. Returns the image as the archive holds it.
-    """
-    if uncompressed is None:
-        uncompressed = any(x.compression is Compression.ZSTD for x in image.layers)
-    inside = uncompressed_variant(store, image) if uncompressed else image
-    entries: list[Entry] = []
-
-    def add_bytes(name: str, data: bytes) -> None:
-        entries.append(Entry(name, Kind.FILE, 0o644, size=len(data), source=_bytes_opener(data)))
-
-    # a corrupt blob is refused before it is read (a damaged zstd stream would otherwise read
-    # as a decompressor failure); what is read is hashed on the way all the same
-    for digest in (inside.manifest_digest, inside.config_digest):
-        path = store.verified_path(digest, what=_blob_role(inside, digest))
-        entries.append(
-            Entry(
-                f"blobs/sha256/{digest_hex(digest)}",
-                Kind.FILE,
-                0o644,
-                size=path.stat().st_size,
-                source=_hashing_opener(store, digest, digest),
-            )
-        )
-    for orig, layer in zip(image.layers, inside.layers, strict=True):
-        name = f"blobs/sha256/{digest_hex(layer.digest)}"
-        if any(e.path == name for e in entries):
-            continue
-        store.verified_path(orig.digest, what="a layer")
-        plain = layer.digest != orig.digest
-        source = _hashing_opener(
-            store, orig.digest, layer.digest, orig.media_type if plain else None
-        )
-        entries.append(Entry(name, Kind.FILE, 0o644, size=layer.size, source=source))
-    docker_manifest = [
-        {
-            "Config": f"blobs/sha256/{digest_hex(inside.config_digest)}",
-            "RepoTags": list(repo_tags),
-            "Layers": [f"blobs/sha256/{digest_hex(x.digest)}" for x in inside.layers],
-        }
-    ]
-    add_bytes("manifest.json", compact_json(docker_manifest))
-    add_bytes("oci-layout", OCI_LAYOUT)
-    add_bytes("index.json", index_json(inside, ref_name))
-    arranged = arrange(entries)
-    with atomic_writer(Path(out_path), 0o644) as f:
-
-        def out(data: bytes | bytearray | memoryview) -> None:
-            f.write(data)
-
-        sink = tarwrite.Sink(out)
-        tarwrite.write_tar(arranged, sink, layers_mod.source_date_epoch())
-    return inside
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What ``docker load`` made of an archive."""
-
-    archive: str
-    image_id: str
-    tags: list[str]
-    engine_version: str | None = None  # the engine's `docker version`, when it says
-    reads_zstd: bool | None = None  # whether that engine can pull images with zstd layers
-
-    def engine_note(self) -> str | None:
-        """What to say when the engine cannot pull zstd images (``load`` itself works with any
-        engine: the archive's layers are uncompressed)."""
-        if self.reads_zstd is not False:
-            return None
-        return (
-            f"this engine (Docker {self.engine_version}) cannot pull images with zstd layers "
-            "('archive/tar: invalid tar header'): this load works (its layers are "
-            "uncompressed), but for `docker pull` here build with --compression gzip"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "archive": self.archive,
-            "image_id": self.image_id,
-            "tags": self.tags,
-            "engine_version": self.engine_version,
-            "reads_zstd": self.reads_zstd,
-        }
-
-
-def find_archive(path: Path) -> Path:
-    """The docker archive ``path`` names: the file itself, or ``DIR/docker-archive.tar`` of a
-    build's output folder whose build finished."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    if (path / "oci").is_dir() and not (path / "build-manifest.json").is_file():
-        # a build output folder whose build did not finish: what it holds is not one image
-        raise InputFileError(
-            path,
-            "holds an unfinished build (no build-manifest.json: a build into it was interrupted)",
-            hint="build into it again (`envbuild build --output` this folder)",
-        )
-    candidate = path / DOCKER_ARCHIVE
-    if candidate.is_file():
-        return candidate
-    if path.is_dir():
-        raise InputFileError(
-            path,
-            f"holds no {DOCKER_ARCHIVE}",
-            hint="point at the output folder of `envbuild build` (images/<spec>/) or at the tar",
-        )
-    raise InputFileError(path, "does not exist")
-
-
-def _probe(url: str) -> None:
-    """Fail early and cleanly when a unix socket does not answer (the docker SDK leaks the
-    socket of a failed connection)."""
-    if not url.startswith("unix://"):
-        return
-    path = url[len("unix://") :]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(10)
-            probe.connect(path)
-    except OSError as exc:
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {url}: {exc.strerror or exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-
-
-def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
-    """``docker load`` the archive at ``path`` (a tar, or a build's output folder) through the
-    docker SDK; the engine is ``base_url``, else ``$DOCKER_HOST``, else the default socket."""
-    archive = find_archive(path)
-    try:
-        import docker  # type: ignore[import-untyped]
-        import docker.errors  # type: ignore[import-untyped]
-        import requests
-    except ImportError as exc:  # pragma: no cover - docker is a dependency
-        raise ToolNotFound("the docker SDK", hint="pip install docker") from exc
-    where = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    _probe(where)
-    client = None
-    try:
-        # a fixed API version: "auto" asks the engine inside the constructor, and a failed
-        # constructor leaks its socket. 1.41 (Docker 20.10) is served by every later engine.
-        # loading gigabytes into a vfs engine takes minutes: the SDK's 60 s default is too short
-        if base_url:
-            client = docker.DockerClient(base_url=base_url, version=API_VERSION, timeout=1800)
-        else:
-            client = docker.from_env(version=API_VERSION, timeout=1800)
-        client.ping()
-        engine_version = str(client.version().get("Version") or "") or None
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        if client is not None:
-            client.close()
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {where}: {exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-    try:
-        with archive.open("rb") as f:
-            images = client.images.load(f)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EnvironmentFailure(f"the engine at {where} refused {archive}: {exc}") from exc
-    finally:
-        client.close()
-    if not images:
-        raise EnvironmentFailure(f"the engine at {where} loaded no image from {archive}")
-    image = images[0]
-    from envbuild.registry.compat import reads_zstd
-
-    zstd = reads_zstd("docker", engine_version) if engine_version else None
-    return Loaded(str(archive), str(image.id), sorted(image.tags), engine_version, zstd)

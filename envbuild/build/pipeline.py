@@ -33,7 +33,7 @@ from typing import IO, Any, Literal, cast
 from packaging.utils import canonicalize_name
 
 from envbuild import oci, scratch
-from envbuild.build import image, layers
+from envbuild.build import image, layers, ocilayout
 from envbuild.build.entries import Kind, tree_entries
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import (
@@ -457,7 +457,7 @@ def _sbom(
     drv = store.build("sbom", inputs, make).drv
     data = store.read_blob(drv.outputs["sbom"])
     art = drv.outputs["manifest"]
-    referrer = image.Referrer(
+    referrer = ocilayout.Referrer(
         descriptor={
             "mediaType": sbom.OCI_MANIFEST,
             "artifactType": sbom.MEDIA_TYPE,

@@ -2,7 +2,7 @@
 ``blobs/`` and an artifact manifest listed in its ``index.json``.
 
 Reading a layout is :mod:`envbuild.oci`'s; writing an image's layout is
-:mod:`envbuild.build.image`'s.
+:mod:`envbuild.build.ocilayout`'s.
 """
 
 from __future__ import annotations

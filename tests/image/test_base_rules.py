@@ -16,8 +16,9 @@ import pytest
 
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
-from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import ImageConfig, write_image
 from envbuild.build.layers import Compression, Layer
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import ExitCode
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store

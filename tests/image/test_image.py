@@ -12,16 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.build.image import (
-    DOCKER_ARCHIVE,
-    History,
-    Image,
-    ImageConfig,
-    write_docker_archive,
-    write_image,
-    write_oci_layout,
-)
+from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
+from envbuild.build.image import History, Image, ImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
 from envbuild.store.core import Store
 

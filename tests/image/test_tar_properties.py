@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import ImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, open_uncompressed
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.oci import OCI_MANIFEST

@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 from support.registry import Registry
 
-from envbuild.build.image import (
-    History,
-    ImageConfig,
-    write_docker_archive,
-    write_image,
-    write_oci_layout,
-)
+from envbuild.build.dockerarchive import write_docker_archive
+from envbuild.build.image import History, ImageConfig, write_image
 from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.registry.compat import reads_zstd
 from envbuild.store.core import Store
 

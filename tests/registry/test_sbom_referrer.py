@@ -16,8 +16,9 @@ import pytest
 from support.registry import Registry
 
 from envbuild.build import sbom
-from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import History, ImageConfig, write_image
 from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
 from envbuild.store.core import Store
 
