@@ -2,7 +2,7 @@
 
 Public API (stable; E and H build on it)::
 
-    config = ImageConfig(env={"PATH": ...}, cmd=[...], labels={...})
+    config = OciImageConfig(env={"PATH": ...}, cmd=[...], labels={...})
     image = write_image(store, layers=[*base.layers, *mine], config=config,
                         history=[*base.history, History(created_by="envbuild: torch 2.9")])
     image.manifest_digest          # "sha256:…": the image digest a build prints
@@ -60,8 +60,10 @@ class History(_Model):
         return out
 
 
-class ImageConfig(_Model):
-    """What the container runs with (the ``config`` part of an OCI image config)."""
+class OciImageConfig(_Model):
+    """What the container runs with (the ``config`` part of an OCI image config), a base
+    image's merged with the plan's (:class:`envbuild.build.plan.ImageConfig`, the part
+    envbuild decides)."""
 
     architecture: str = "amd64"
     os: str = "linux"
@@ -75,7 +77,7 @@ class ImageConfig(_Model):
     exposed_ports: list[str] = Field(default_factory=list)
     stop_signal: str | None = None
 
-    def merged_over(self, base: ImageConfig) -> ImageConfig:
+    def merged_over(self, base: OciImageConfig) -> OciImageConfig:
         """This config on top of a base image's: env and labels merged (ours win), the rest
         ours when set."""
         return self.model_copy(
@@ -90,7 +92,7 @@ class ImageConfig(_Model):
         )
 
     @classmethod
-    def from_oci(cls, doc: dict[str, Any]) -> ImageConfig:
+    def from_oci(cls, doc: dict[str, Any]) -> OciImageConfig:
         """The parts of an OCI/Docker image config envbuild keeps from a base image."""
         c = doc.get("config") or {}
         env = {}
@@ -177,7 +179,7 @@ def layer_history(label: str, distributions: Sequence[str], *, limit: int = HIST
 
 def config_json(
     layers: Sequence[Layer],
-    config: ImageConfig,
+    config: OciImageConfig,
     history: Sequence[History],
     *,
     created: str | None = None,
@@ -236,7 +238,7 @@ def write_image(
     store: Store,
     *,
     layers: Sequence[Layer],
-    config: ImageConfig,
+    config: OciImageConfig,
     history: Sequence[History] = (),
     created: str | None = None,
 ) -> Image:

@@ -42,7 +42,7 @@ class BaseResult:
     """The base stage's answer: its layers, config and history, and what to record about it."""
 
     layers: list[layers.Layer]
-    config: image.ImageConfig
+    config: image.OciImageConfig
     history: list[image.History]
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -165,7 +165,7 @@ def write_outputs(
     is."""
     ours = [built[layer.name] for layer in plan.layers]
     mine = [stored_layer(store, b) for b in ours]
-    config = image.ImageConfig(
+    config = image.OciImageConfig(
         env=plan.config.env,
         cmd=plan.config.cmd,
         entrypoint=plan.config.entrypoint,

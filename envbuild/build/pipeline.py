@@ -627,7 +627,7 @@ def _builder(
     from envbuild.sourcebuild.container import ContainerBuilder
 
     lower = [low.built[layer.name] for layer in plan.layers if layer.name in low.built]
-    config = image.ImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
+    config = image.OciImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
     return ContainerBuilder(
         store,
         layers=[*low.base.layers, *(stored_layer(store, b) for b in lower)],

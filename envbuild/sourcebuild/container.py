@@ -119,7 +119,7 @@ class ContainerBuilder(Builder):
         store: Store,
         *,
         layers: Sequence[Layer],
-        config: image_mod.ImageConfig,
+        config: image_mod.OciImageConfig,
         python: str = "/opt/venv/bin/python",
         network: str = "host",
         docker_host: str | None = None,

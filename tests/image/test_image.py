@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
-from envbuild.build.image import History, Image, ImageConfig, write_image
+from envbuild.build.image import History, Image, OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, layer_from_tree
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
@@ -41,7 +41,7 @@ def build_image(
     store: Store, base_layers: list[Layer], tree: Path, compression: Compression
 ) -> Image:
     app = layer_from_tree(store, tree, prefix="opt/app", compression=compression)
-    config = ImageConfig(
+    config = OciImageConfig(
         env={"PATH": "/opt/app/bin:/usr/bin:/bin", "APP_HOME": "/opt/app"},
         cmd=["hello"],
         workdir="/opt/app",
@@ -105,7 +105,7 @@ def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp
     assert created_for(cutoff) == "2026-01-01T00:00:00Z"
     store = Store(tmp_path / "s")
     app = layer_from_tree(store, app_tree(tmp_path / "t"), prefix="opt/app")
-    image = write_image(store, layers=[app], config=ImageConfig(),
+    image = write_image(store, layers=[app], config=OciImageConfig(),
                         history=[History(created_by="x")], created=created_for(cutoff))  # fmt: skip
     config = json.loads(store.read_blob(image.config_digest))
     assert config["created"] == "2026-01-01T00:00:00Z"

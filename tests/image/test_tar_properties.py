@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import ImageConfig, write_image
+from envbuild.build.image import OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, open_uncompressed
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import EnvbuildError, ExitCode, UserError
@@ -242,7 +242,7 @@ def test_oci_layout_reader(tmp_path: Path, layers: list[Any], cut: float | None)
             if cut is not None and i == len(layers) - 1:
                 blob = blob[: int(len(blob) * cut)]
             made.append(layer_of(src, raw, blob))
-        image = write_image(src, layers=made, config=ImageConfig())
+        image = write_image(src, layers=made, config=OciImageConfig())
         layout = write_oci_layout(src, image, box.dir / "layout", ref_name="t")
         pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=image.manifest_digest)
         before = box.before()

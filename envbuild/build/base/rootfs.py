@@ -31,7 +31,7 @@ from envbuild.build.base.tarread import (
     tar_entries,
 )
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import History, ImageConfig
+from envbuild.build.image import History, OciImageConfig
 from envbuild.build.layers import (
     MEDIA_TYPES,
     Compression,
@@ -225,7 +225,7 @@ def import_image(
         {f"layer-{i:03d}": x.digest for i, x in enumerate(layers)},
         {
             "layers": [x.model_dump(mode="json") for x in layers],
-            "config": ImageConfig.from_oci(config).model_dump(mode="json"),
+            "config": OciImageConfig.from_oci(config).model_dump(mode="json"),
             "history": history,
         },
     )
@@ -236,7 +236,7 @@ def base_from_output(kind: str, key: str, meta: dict[str, Any], lock: BaseLock) 
         kind=kind,
         key=key,
         layers=[Layer.model_validate(x) for x in meta["layers"]],
-        config=ImageConfig.model_validate(meta["config"]),
+        config=OciImageConfig.model_validate(meta["config"]),
         history=[History.model_validate(h) for h in meta["history"]],
         lock=lock,
     )
@@ -322,7 +322,7 @@ def from_tarball(
             {"layer": layer.digest},
             {
                 "layers": [layer.model_dump(mode="json")],
-                "config": ImageConfig(env={"PATH": DEFAULT_PATH}).model_dump(mode="json"),
+                "config": OciImageConfig(env={"PATH": DEFAULT_PATH}).model_dump(mode="json"),
                 "history": [h.model_dump(mode="json") for h in history],
             },
         )
