@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from envbuild.errors import EnvbuildError, ExitCode, UsageError
+from envbuild.oci import open_layout, verify_layout
 from envbuild.registry import Endpoint, ImageRef, Transport, get_transport, push_image
-from envbuild.registry.layout import open_layout, verify_layout
 from envbuild.spec import LoadedSpec, load_spec
 from envbuild.store.core import Store
 

@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import __version__
-from envbuild.build import image, layers
+from envbuild import __version__, oci
+from envbuild.build import dockerarchive, image, layers, ocilayout
 from envbuild.build.plan import Plan
 from envbuild.errors import EnvironmentFailure, OutputError
 from envbuild.fsio import canonical_json, fsync_dir, write_atomic
@@ -42,7 +42,7 @@ class BaseResult:
     """The base stage's answer: its layers, config and history, and what to record about it."""
 
     layers: list[layers.Layer]
-    config: image.ImageConfig
+    config: image.OciImageConfig
     history: list[image.History]
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -139,7 +139,7 @@ class Sbom:
     folder's ``sbom.cdx.json``) and the OCI 1.1 referrer that carries it in the layout."""
 
     data: bytes
-    referrer: image.Referrer
+    referrer: ocilayout.Referrer
 
 
 MANIFEST_FILE = "build-manifest.json"
@@ -165,7 +165,7 @@ def write_outputs(
     is."""
     ours = [built[layer.name] for layer in plan.layers]
     mine = [stored_layer(store, b) for b in ours]
-    config = image.ImageConfig(
+    config = image.OciImageConfig(
         env=plan.config.env,
         cmd=plan.config.cmd,
         entrypoint=plan.config.entrypoint,
@@ -200,7 +200,7 @@ def write_outputs(
     ]
     outputs = {"oci_layout": OCI_DIR, "manifest": MANIFEST_FILE}
     if docker_archive:
-        outputs["docker_archive"] = image.DOCKER_ARCHIVE
+        outputs["docker_archive"] = dockerarchive.DOCKER_ARCHIVE
     if sbom is not None:
         outputs["sbom"] = SBOM_FILE
     manifest = BuildManifest(
@@ -227,7 +227,7 @@ def write_outputs(
         log.debug("%s is up to date", out)
         return manifest
     _invalidate(out)
-    image.write_oci_layout(
+    ocilayout.write_oci_layout(
         store,
         img,
         out / OCI_DIR,
@@ -239,9 +239,10 @@ def write_outputs(
         write_atomic(out / SBOM_FILE, made.data)
     else:
         (out / SBOM_FILE).unlink(missing_ok=True)  # it would describe another image
-    archive = out / image.DOCKER_ARCHIVE
+    archive = out / dockerarchive.DOCKER_ARCHIVE
     if docker_archive:
-        image.write_docker_archive(store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"])
+        tags = [f"envbuild/{plan.spec}:latest"]
+        dockerarchive.write_docker_archive(store, img, archive, repo_tags=tags)
     else:
         archive.unlink(missing_ok=True)  # it would hold another image
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
@@ -254,7 +255,7 @@ def output_files(out: Path, manifest: BuildManifest) -> dict[str, str]:
     ``out``, by path relative to it: what the folder's root records."""
     names = [MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"]
     if "docker_archive" in manifest.outputs:
-        names.append(image.DOCKER_ARCHIVE)
+        names.append(dockerarchive.DOCKER_ARCHIVE)
     if "sbom" in manifest.outputs:
         names.append(SBOM_FILE)
     blob_dir = f"{OCI_DIR}/blobs/sha256"
@@ -301,17 +302,17 @@ def _up_to_date(
     # byte for byte (what a build writes there is canonical), read no further than that: a
     # folder's files are not parsed, so whatever they hold cannot crash the check
     want = canonical_json(manifest.model_dump(mode="json")).encode()
-    want_index = image.index_json(img, ref_name, [sbom.referrer] if sbom is not None else [])
+    want_index = ocilayout.index_json(img, ref_name, [sbom.referrer] if sbom is not None else [])
     try:
         if (
             _head(out / MANIFEST_FILE, len(want)) != want
             or _head(out / OCI_DIR / "index.json", len(want_index)) != want_index
-            or _head(out / OCI_DIR / "oci-layout", len(image.OCI_LAYOUT)) != image.OCI_LAYOUT
+            or _head(out / OCI_DIR / "oci-layout", len(oci.OCI_LAYOUT)) != oci.OCI_LAYOUT
         ):
             return False
     except OSError:
         return False
-    if (out / image.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs):
+    if (out / dockerarchive.DOCKER_ARCHIVE).is_file() != ("docker_archive" in manifest.outputs):
         return False
     if sbom is not None:
         try:
@@ -327,7 +328,7 @@ def _up_to_date(
     for name in (MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"):
         if not unchanged(out / name):
             return False
-    if "docker_archive" in manifest.outputs and not unchanged(out / image.DOCKER_ARCHIVE):
+    if "docker_archive" in manifest.outputs and not unchanged(out / dockerarchive.DOCKER_ARCHIVE):
         return False
     blob_dir = out / OCI_DIR / "blobs" / "sha256"
     for name in _image_blobs(manifest, sbom):
@@ -392,7 +393,7 @@ def _sweep_temps(out: Path) -> None:
     """Remove the temporary files a killed build left in the folder (``atomic_writer``'s
     ``.<name>.*.tmp`` of the files a build writes there: a docker archive's is gigabytes). The
     caller holds the folder's lock, so no build is writing them now."""
-    ours = (MANIFEST_FILE, image.DOCKER_ARCHIVE, SBOM_FILE, "index.json", "oci-layout")
+    ours = (MANIFEST_FILE, dockerarchive.DOCKER_ARCHIVE, SBOM_FILE, "index.json", "oci-layout")
     for folder in (out, out / OCI_DIR, out / OCI_DIR / "blobs" / "sha256"):
         try:
             entries = list(os.scandir(folder))

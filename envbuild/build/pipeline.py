@@ -32,8 +32,9 @@ from typing import IO, Any, Literal, cast
 
 from packaging.utils import canonicalize_name
 
-from envbuild import scratch
-from envbuild.build import image, layers
+from envbuild import oci, scratch
+from envbuild.build import image, layers, ocilayout
+from envbuild.build.entries import Kind, tree_entries
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import (
     INSTALL_FORMAT,
@@ -442,7 +443,7 @@ def _sbom(
             manifest, plan, lock, created=datetime.fromisoformat(created),
             license_of=lambda sha: sbom.wheel_license(paths[sha]) if sha in paths else None,
         )  # fmt: skip
-        subject = {"mediaType": image.MANIFEST, "digest": manifest.image,
+        subject = {"mediaType": oci.OCI_MANIFEST, "digest": manifest.image,
                    "size": store.blob_path(manifest.image).stat().st_size}  # fmt: skip
         art = sbom.artifact_manifest(subject, data, created=created)
         return Output(
@@ -456,7 +457,7 @@ def _sbom(
     drv = store.build("sbom", inputs, make).drv
     data = store.read_blob(drv.outputs["sbom"])
     art = drv.outputs["manifest"]
-    referrer = image.Referrer(
+    referrer = ocilayout.Referrer(
         descriptor={
             "mediaType": sbom.OCI_MANIFEST,
             "artifactType": sbom.MEDIA_TYPE,
@@ -626,7 +627,7 @@ def _builder(
     from envbuild.sourcebuild.container import ContainerBuilder
 
     lower = [low.built[layer.name] for layer in plan.layers if layer.name in low.built]
-    config = image.ImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
+    config = image.OciImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
     return ContainerBuilder(
         store,
         layers=[*low.base.layers, *(stored_layer(store, b) for b in lower)],
@@ -838,8 +839,8 @@ def pack(
     progress: Progress = NULL,
 ) -> layers.Layer:
     """Pack the staging tree ``root`` as one deterministic layer, reporting bytes read."""
-    entries = layers.tree_entries(root)
-    total = sum(e.size for e in entries if e.kind is layers.Kind.FILE)
+    entries = tree_entries(root)
+    total = sum(e.size for e in entries if e.kind is Kind.FILE)
     with progress.task(f"pack {name}", total) as task:
         counted = [
             replace(e, source=_counting_opener(e.source, task.advance))

@@ -197,7 +197,8 @@ def artifact_manifest(subject: dict[str, Any], sbom: bytes, *, created: str) -> 
     """The OCI 1.1 artifact manifest that carries ``sbom`` as a referrer of the image manifest
     ``subject`` (its ``mediaType``, ``digest`` and ``size``): an empty config, the document as
     its one layer. Its blobs are the document, :data:`EMPTY_JSON` and these bytes; the build
-    keeps all three in the store and :func:`envbuild.build.image.write_oci_layout` places them."""
+    keeps all three in the store and :func:`envbuild.build.ocilayout.write_oci_layout` places
+    them."""
     manifest = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,

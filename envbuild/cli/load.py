@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.image import DOCKER_ARCHIVE, load_into_engine
+from envbuild.build.dockerarchive import DOCKER_ARCHIVE
+from envbuild.build.load import load_into_engine
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 

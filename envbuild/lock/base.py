@@ -1,19 +1,19 @@
 """The base's part of the lock, from the spec alone (no network).
 
 An image base is already pinned by digest; an OCI layout by the digest the spec gives or, failing
-that, the one manifest its ``index.json`` lists; a rootfs tarball by the sha256 the spec gives.
-A Debian base records its suite, mirror, variant and requested packages (``include``) here;
-its resolved package set (``packages``) comes from the base stage (envbuild.build.base), which
-resolves
-it against the mirror with mmdebstrap (see :mod:`envbuild.lock.pin` for when that runs).
+that, the one image its ``index.json`` lists (read by :mod:`envbuild.oci`); a rootfs tarball by
+the sha256 the spec gives. A Debian base records its suite, mirror, variant and requested
+packages (``include``) here; its resolved package set (``packages``) comes from the base stage
+(envbuild.build.base), which resolves it against the mirror with mmdebstrap (see
+:mod:`envbuild.lock.pin` for when that runs).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 from pathlib import Path
 
-from envbuild.errors import SpecError
+from envbuild.errors import InputFileError, SpecError
 from envbuild.lock.model import (
     BaseLock,
     DebianBaseLock,
@@ -21,7 +21,10 @@ from envbuild.lock.model import (
     OciLayoutBaseLock,
     RootfsBaseLock,
 )
+from envbuild.oci import read_index
 from envbuild.spec.load import LoadedSpec
+
+log = logging.getLogger(__name__)
 
 
 def lock_base(loaded: LoadedSpec) -> BaseLock:
@@ -59,31 +62,31 @@ def spec_path(loaded: LoadedSpec, key: tuple[str, ...], relative: str) -> Path:
 
 
 def _layout_digest(loaded: LoadedSpec, layout: Path) -> str:
+    """The digest of the one image ``layout``'s index lists (a referrer, the SBOM, is not an
+    image)."""
     index = layout / "index.json"
     try:
-        manifests = json.loads(index.read_text(encoding="utf-8")).get("manifests", [])
-    except (OSError, ValueError, AttributeError) as exc:
+        listed = read_index(layout)
+    except InputFileError as exc:
         raise SpecError(
             [
                 loaded.problem(
                     ("base", "path"),
-                    f"{loaded.display(index)} cannot be read as an OCI index ({exc})",
+                    f"{loaded.display(index)} cannot be read as an OCI index ({exc.message})",
                     "point base.path at an OCI image layout, or set base.digest",
                 )
             ]
         ) from None
-    digests = sorted(
-        {str(m["digest"]) for m in manifests if isinstance(m, dict) and m.get("digest")}
-    )
+    digests = sorted({d.digest for d in listed.images})
     if len(digests) != 1:
         raise SpecError(
             [
                 loaded.problem(
                     ("base", "path"),
-                    f"the OCI layout lists {len(digests)} manifests, so which one is the base "
+                    f"the OCI layout lists {len(digests)} images, so which one is the base "
                     "is ambiguous",
                     "set base.digest to the manifest's digest",
                 )
             ]
         )
-    return str(digests[0])
+    return digests[0]

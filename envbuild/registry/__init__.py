@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from envbuild import scratch
 from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotFound
+from envbuild.oci import LayoutImage, open_layout, verify_layout
 from envbuild.registry.api import Endpoint, RegistryApi
-from envbuild.registry.layout import LayoutImage, open_layout, verify_layout
 from envbuild.registry.ref import ImageRef, parse_ref, parse_repo
 from envbuild.registry.referrers import pull_referrers, push_referrers
 from envbuild.registry.transport import SKOPEO_HINT, Copied, Skopeo, Transport

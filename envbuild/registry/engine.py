@@ -29,15 +29,10 @@ from envbuild import scratch
 from envbuild.build import layers
 from envbuild.errors import EnvironmentFailure, ToolFailed, ToolNotFound
 from envbuild.fsio import compact_json
+from envbuild.oci import OCI_MANIFEST, REF_NAME, Descriptor, LayoutImage
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials
-from envbuild.registry.layout import (
-    OCI_MANIFEST,
-    REF_NAME,
-    Descriptor,
-    LayoutImage,
-    add_blob,
-)
+from envbuild.registry.layout import add_blob
 from envbuild.registry.ref import ImageRef
 from envbuild.registry.transport import Copied, Transport, classify
 

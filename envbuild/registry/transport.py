@@ -16,9 +16,9 @@ from pathlib import Path
 
 from envbuild import proc, scratch
 from envbuild.errors import IntegrityError, RegistryError, ToolFailed
+from envbuild.oci import REF_NAME, LayoutImage
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials, auth_file
-from envbuild.registry.layout import REF_NAME, LayoutImage
 from envbuild.registry.ref import ImageRef
 
 SKOPEO_HINT = (

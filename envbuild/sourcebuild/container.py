@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import proc
+from envbuild.build import dockerarchive
 from envbuild.build import image as image_mod
+from envbuild.build import load as load_mod
 from envbuild.build.layers import Layer
 from envbuild.errors import EnvironmentFailure, ToolNotFound
 from envbuild.sourcebuild import container_probe
@@ -87,7 +89,7 @@ class ContainerBuilder(Builder):
         store: Store,
         *,
         layers: Sequence[Layer],
-        config: image_mod.ImageConfig,
+        config: image_mod.OciImageConfig,
         python: str = "/opt/venv/bin/python",
         network: str = "host",
         docker_host: str | None = None,
@@ -256,12 +258,12 @@ class ContainerBuilder(Builder):
         import docker.errors  # type: ignore[import-untyped]
         import requests
 
-        where = self.docker_host or os.environ.get("DOCKER_HOST") or image_mod.DEFAULT_DOCKER_HOST
-        image_mod._probe(where)
+        where = self.docker_host or os.environ.get("DOCKER_HOST") or load_mod.DEFAULT_DOCKER_HOST
+        load_mod._probe(where)
         client = None
         try:
             client = docker.DockerClient(
-                base_url=where, version=image_mod.API_VERSION, timeout=ENGINE_TIMEOUT
+                base_url=where, version=load_mod.API_VERSION, timeout=ENGINE_TIMEOUT
             )
             client.ping()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
@@ -284,14 +286,14 @@ class ContainerBuilder(Builder):
         except docker.errors.ImageNotFound:
             log.info("loading the builder image %s into the engine", self.image_id[:19])
             with self.store.temp_dir("builder-") as tmp:
-                archive = tmp / image_mod.DOCKER_ARCHIVE
-                image_mod.write_docker_archive(
+                archive = tmp / dockerarchive.DOCKER_ARCHIVE
+                dockerarchive.write_docker_archive(
                     self.store,
                     self.image,
                     archive,
                     repo_tags=[f"envbuild/builder:{self.image_id.removeprefix('sha256:')[:12]}"],
                 )
-                loaded = image_mod.load_into_engine(archive, base_url=self._where())
+                loaded = load_mod.load_into_engine(archive, base_url=self._where())
             if loaded.image_id != self.image_id:
                 raise EnvironmentFailure(
                     f"the engine loaded the builder image as {loaded.image_id}, expected "
@@ -300,7 +302,7 @@ class ContainerBuilder(Builder):
         self._loaded = True
 
     def _where(self) -> str:
-        return self.docker_host or os.environ.get("DOCKER_HOST") or image_mod.DEFAULT_DOCKER_HOST
+        return self.docker_host or os.environ.get("DOCKER_HOST") or load_mod.DEFAULT_DOCKER_HOST
 
     def _run(
         self,

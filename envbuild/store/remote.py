@@ -31,8 +31,9 @@ from pydantic import ValidationError
 from envbuild import registry
 from envbuild.errors import IntegrityError, RegistryUnreachable
 from envbuild.fsio import canonical_json
+from envbuild.oci import LayoutImage, open_layout
 from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Transport
-from envbuild.registry.layout import LayoutImage, add_blob, open_layout, write_artifact
+from envbuild.registry.layout import add_blob, write_artifact
 from envbuild.store.core import Derivation, Output, Realized, Store, derivation_key
 
 log = logging.getLogger("envbuild.store.remote")

@@ -130,7 +130,7 @@ def test_a_source_build_runs_in_a_builder_container(
         other = ContainerBuilder(
             store,
             layers=[*_base_layers(store, manifest), *layers],
-            config=image.ImageConfig(),
+            config=image.OciImageConfig(),
             base_env=env,
         )
         assert inputs_of(req, other.probe(cuda=False), other) == drv.inputs

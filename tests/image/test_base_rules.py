@@ -16,8 +16,9 @@ import pytest
 
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
-from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import ExitCode
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
@@ -62,7 +63,7 @@ def layout_of(tmp_path: Path, layers_raw: list[bytes]) -> tuple[Path, OciLayoutB
                 file_bytes=1,
             )
         )
-    image = write_image(store, layers=layers, config=ImageConfig())
+    image = write_image(store, layers=layers, config=OciImageConfig())
     layout = write_oci_layout(store, image, tmp_path / "layout", ref_name="t")
     return layout, OciLayoutBaseLock(kind="oci-layout", path="layout", digest=image.manifest_digest)
 

@@ -17,17 +17,15 @@ import pytest
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import UnsafeArchive
-from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
+from envbuild.build.entries import Entry, Kind, opaque, whiteout
+from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import (
     Compression,
-    Entry,
-    Kind,
     layer_from_tree,
-    opaque,
     open_uncompressed,
-    whiteout,
     write_layer,
 )
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
@@ -199,7 +197,7 @@ def small_image(tmp_path: Path, store: Store, compression: Compression = Compres
     (tree / "etc").mkdir(parents=True, exist_ok=True)
     (tree / "etc" / "os-release").write_text("ID=test\n")
     layer = layer_from_tree(store, tree, compression=compression)
-    config = ImageConfig(env={"PATH": "/bin", "FROM_BASE": "1"}, cmd=["/bin/sh"])
+    config = OciImageConfig(env={"PATH": "/bin", "FROM_BASE": "1"}, cmd=["/bin/sh"])
     return write_image(store, layers=[layer], config=config, history=[History(created_by="t")])
 
 
@@ -243,7 +241,7 @@ def test_an_oci_layout_with_a_malicious_layer_is_refused(tmp_path):
         files=1,
         file_bytes=1,
     )
-    image = write_image(store, layers=[layer], config=ImageConfig())
+    image = write_image(store, layers=[layer], config=OciImageConfig())
     layout = write_oci_layout(store, image, tmp_path / "layout", ref_name="evil")
     pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=image.manifest_digest)
     with pytest.raises(UnsafeArchive, match="climbs out"):

@@ -12,17 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.build.image import (
-    DOCKER_ARCHIVE,
-    History,
-    Image,
-    ImageConfig,
-    read_oci_layout,
-    write_docker_archive,
-    write_image,
-    write_oci_layout,
-)
+from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
+from envbuild.build.image import History, Image, OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.build.ocilayout import write_oci_layout
+from envbuild.oci import open_layout
 from envbuild.store.core import Store
 
 from .conftest import DebianRootfs, need
@@ -47,7 +41,7 @@ def build_image(
     store: Store, base_layers: list[Layer], tree: Path, compression: Compression
 ) -> Image:
     app = layer_from_tree(store, tree, prefix="opt/app", compression=compression)
-    config = ImageConfig(
+    config = OciImageConfig(
         env={"PATH": "/opt/app/bin:/usr/bin:/bin", "APP_HOME": "/opt/app"},
         cmd=["hello"],
         workdir="/opt/app",
@@ -88,9 +82,9 @@ def test_a_tiny_image_is_canonical_and_deterministic(tmp_path):
         assert (out1 / name).read_bytes() == (out2 / name).read_bytes()
     for blob in (out1 / "blobs" / "sha256").iterdir():
         assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
-    layout = read_oci_layout(out1, ref_name="tiny")
-    assert layout.manifest_digest == a.manifest_digest
-    assert layout.config_digest == a.config_digest
+    layout = open_layout(out1, "tiny")
+    assert layout.manifest.digest == a.manifest_digest
+    assert layout.config.digest == a.config_digest
 
 
 def test_source_date_epoch_dates_the_config(tmp_path, monkeypatch):
@@ -111,7 +105,7 @@ def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp
     assert created_for(cutoff) == "2026-01-01T00:00:00Z"
     store = Store(tmp_path / "s")
     app = layer_from_tree(store, app_tree(tmp_path / "t"), prefix="opt/app")
-    image = write_image(store, layers=[app], config=ImageConfig(),
+    image = write_image(store, layers=[app], config=OciImageConfig(),
                         history=[History(created_by="x")], created=created_for(cutoff))  # fmt: skip
     config = json.loads(store.read_blob(image.config_digest))
     assert config["created"] == "2026-01-01T00:00:00Z"

@@ -14,19 +14,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.build import layers as layers_mod
-from envbuild.build.layers import (
-    Compression,
-    Entry,
-    Kind,
-    LayerError,
-    Sink,
-    header,
-    layer_from_tree,
-    open_uncompressed,
-    tree_entries,
-    whiteout,
-    write_layer,
-)
+from envbuild.build.entries import Entry, Kind, LayerError, tree_entries, whiteout
+from envbuild.build.layers import Compression, layer_from_tree, open_uncompressed, write_layer
+from envbuild.build.tarwrite import Sink, header
 from envbuild.errors import ToolFailed
 from envbuild.store.core import Store
 

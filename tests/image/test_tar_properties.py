@@ -23,10 +23,12 @@ from hypothesis import strategies as st
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer, open_uncompressed
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
+from envbuild.oci import OCI_MANIFEST
 from envbuild.store.core import Store
 
 from .conftest import need
@@ -240,7 +242,7 @@ def test_oci_layout_reader(tmp_path: Path, layers: list[Any], cut: float | None)
             if cut is not None and i == len(layers) - 1:
                 blob = blob[: int(len(blob) * cut)]
             made.append(layer_of(src, raw, blob))
-        image = write_image(src, layers=made, config=ImageConfig())
+        image = write_image(src, layers=made, config=OciImageConfig())
         layout = write_oci_layout(src, image, box.dir / "layout", ref_name="t")
         pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=image.manifest_digest)
         before = box.before()
@@ -292,29 +294,24 @@ def test_oci_layout_json_of_any_shape(
         blobs = box.dir / "layout" / "blobs" / "sha256"
         blobs.mkdir(parents=True)
 
-        def put(data: bytes) -> str:
+        def put(data: bytes, media_type: str) -> dict[str, Any]:
             (blobs / sha256(data)).write_bytes(data)
-            return "sha256:" + sha256(data)
+            return {"digest": "sha256:" + sha256(data), "size": len(data), "mediaType": media_type}
 
         raw = tar_bytes([(tarfile.TarInfo("a"), b"")], tarfile.GNU_FORMAT)
-        layer = put(gzip.compress(raw, mtime=0))
+        layer = put(gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
         if real and isinstance(config, dict):
             config["rootfs"] = {"diff_ids": ["sha256:" + sha256(raw)]}
-        config_digest = put(json.dumps(config).encode())
+        config_desc = put(json.dumps(config).encode(), "x")
         if real and isinstance(manifest, dict):
-            manifest["config"] = {"digest": config_digest, "mediaType": "x"}
-            manifest["layers"] = [
-                {
-                    "digest": layer,
-                    "mediaType": KEYS and "application/vnd.oci.image.layer.v1.tar+gzip",
-                }
-            ]
-        digest = put(json.dumps(manifest).encode())
+            manifest["config"] = config_desc
+            manifest["layers"] = [layer]
+        desc = put(json.dumps(manifest).encode(), OCI_MANIFEST)
         (box.dir / "layout" / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
         (box.dir / "layout" / "index.json").write_text(
-            json.dumps({"schemaVersion": 2, "manifests": [{"digest": digest, "mediaType": "x"}]})
+            json.dumps({"schemaVersion": 2, "manifests": [desc]})
         )
-        pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=digest)
+        pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=desc["digest"])
         with contextlib.suppress(EnvbuildError):
             rootfs.from_oci_layout(box.store, box.dir / "layout", pin, limits=LIMITS)
     finally:

@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 from support.registry import Registry
 
-from envbuild.build.image import (
-    History,
-    ImageConfig,
-    write_docker_archive,
-    write_image,
-    write_oci_layout,
-)
+from envbuild.build.dockerarchive import write_docker_archive
+from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.ocilayout import write_oci_layout
 from envbuild.registry.compat import reads_zstd
 from envbuild.store.core import Store
 
@@ -67,7 +63,7 @@ def _image(tree: Path, work: Path, compression: Compression) -> Path:
     """An image of ``tree`` as `envbuild build` leaves one: ``out/oci`` and its docker archive."""
     store = Store(work / "store")
     layer = layer_from_tree(store, tree, compression=compression)
-    config = ImageConfig(cmd=["/bin/hello"], env={"PATH": "/bin"})
+    config = OciImageConfig(cmd=["/bin/hello"], env={"PATH": "/bin"})
     image = write_image(store, layers=[layer], config=config,
                         history=[History(created_by="test: /bin/hello")])  # fmt: skip
     out = work / "out"

@@ -16,9 +16,10 @@ import pytest
 from support.registry import Registry
 
 from envbuild.build import sbom
-from envbuild.build.image import History, ImageConfig, write_image, write_oci_layout
+from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import Compression, layer_from_tree
-from envbuild.registry.layout import open_layout
+from envbuild.build.ocilayout import write_oci_layout
+from envbuild.oci import open_layout
 from envbuild.store.core import Store
 
 pytestmark = pytest.mark.registry
@@ -46,7 +47,7 @@ def layout(tmp_path: Path) -> Path:
     (tree / "etc").mkdir(parents=True)
     (tree / "etc" / "hello").write_text(f"{tmp_path.name}\n")
     layer = layer_from_tree(store, tree, compression=Compression.GZIP)
-    image = write_image(store, layers=[layer], config=ImageConfig(),
+    image = write_image(store, layers=[layer], config=OciImageConfig(),
                         history=[History(created_by="test")])  # fmt: skip
     out = write_oci_layout(store, image, tmp_path / "oci", ref_name="t")
     sbom.attach(out, _cyclonedx(tmp_path.name), created="2026-01-01T00:00:00Z")

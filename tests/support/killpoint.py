@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import envbuild.build.pipeline as build_mod
-from envbuild.build import layers, manifest
+from envbuild.build import manifest, tarwrite
 from envbuild.cli import main
 
 KILL_AT = int(sys.argv[1])
@@ -50,7 +50,7 @@ def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 for name in ("replace", "rename", "link", "unlink", "fsync", "mkdir"):
     setattr(os, name, count(name, getattr(os, name)))
-layers.Sink.flush = count("tar-buffer", layers.Sink.flush)  # type: ignore[method-assign]
+tarwrite.Sink.flush = count("tar-buffer", tarwrite.Sink.flush)  # type: ignore[method-assign]
 real_write_outputs = manifest.write_outputs
 
 

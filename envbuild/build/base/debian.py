@@ -31,7 +31,7 @@ from envbuild import proc, scratch
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarread import located, open_tar, tar_entries
 from envbuild.build.base.tarsafe import Tree
-from envbuild.build.image import History, ImageConfig, layer_history
+from envbuild.build.image import History, OciImageConfig, layer_history
 from envbuild.build.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer
 from envbuild.errors import IntegrityError
 from envbuild.lock.model import DebianBaseLock, DebianPackageLock
@@ -267,7 +267,7 @@ def build(
         kind="debian",
         key=realized.drv.key,
         layers=[layer],
-        config=ImageConfig(architecture=arch, env={"PATH": DEFAULT_PATH}),
+        config=OciImageConfig(architecture=arch, env={"PATH": DEFAULT_PATH}),
         history=[
             History(
                 created_by=layer_history(

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from envbuild.build.image import History, ImageConfig
+from envbuild.build.image import History, OciImageConfig
 from envbuild.build.layers import Layer
 from envbuild.lock.model import BaseLock
 
@@ -21,7 +21,7 @@ class BaseImage(BaseModel):
     kind: str
     key: str  # the derivation key of the base
     layers: list[Layer]
-    config: ImageConfig
+    config: OciImageConfig
     history: list[History]
     lock: BaseLock
 

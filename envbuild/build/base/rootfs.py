@@ -31,7 +31,7 @@ from envbuild.build.base.tarread import (
     tar_entries,
 )
 from envbuild.build.base.tarsafe import Limits, Tree
-from envbuild.build.image import History, ImageConfig, read_oci_layout
+from envbuild.build.image import History, OciImageConfig
 from envbuild.build.layers import (
     MEDIA_TYPES,
     Compression,
@@ -44,6 +44,7 @@ from envbuild.build.layers import (
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock.model import BaseLock, OciLayoutBaseLock, RootfsBaseLock
+from envbuild.oci import open_layout
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def import_image(
         {f"layer-{i:03d}": x.digest for i, x in enumerate(layers)},
         {
             "layers": [x.model_dump(mode="json") for x in layers],
-            "config": ImageConfig.from_oci(config).model_dump(mode="json"),
+            "config": OciImageConfig.from_oci(config).model_dump(mode="json"),
             "history": history,
         },
     )
@@ -235,7 +236,7 @@ def base_from_output(kind: str, key: str, meta: dict[str, Any], lock: BaseLock) 
         kind=kind,
         key=key,
         layers=[Layer.model_validate(x) for x in meta["layers"]],
-        config=ImageConfig.model_validate(meta["config"]),
+        config=OciImageConfig.model_validate(meta["config"]),
         history=[History.model_validate(h) for h in meta["history"]],
         lock=lock,
     )
@@ -248,14 +249,11 @@ def from_oci_layout(
     inputs = {"recipe": RECIPE, "manifest": pin.digest}
 
     def builder() -> Output:
-        try:
-            layout = read_oci_layout(path, digest=pin.digest)
-        except (ValueError, TypeError, AttributeError) as exc:  # a manifest that is not one
-            raise ManifestError(f"OCI layout {path}: not a readable image ({exc})") from exc
+        layout = open_layout(path, digest=pin.digest, architecture="amd64")
         return import_image(
             store,
-            layout.manifest,
-            layout.config,
+            layout.document,
+            layout.read_config(),
             layout.blob_path,
             where=f"OCI layout {path}",
             limits=limits,
@@ -324,7 +322,7 @@ def from_tarball(
             {"layer": layer.digest},
             {
                 "layers": [layer.model_dump(mode="json")],
-                "config": ImageConfig(env={"PATH": DEFAULT_PATH}).model_dump(mode="json"),
+                "config": OciImageConfig(env={"PATH": DEFAULT_PATH}).model_dump(mode="json"),
                 "history": [h.model_dump(mode="json") for h in history],
             },
         )

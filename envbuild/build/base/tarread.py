@@ -34,15 +34,8 @@ from envbuild.build.base.tarsafe import (
     is_device,
     member_path,
 )
-from envbuild.build.layers import (
-    MEDIA_TYPES,
-    OPAQUE,
-    WHITEOUT,
-    Compression,
-    Entry,
-    Kind,
-    open_uncompressed,
-)
+from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind
+from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
 from envbuild.errors import ToolFailed
 
 CHUNK = 1 << 20

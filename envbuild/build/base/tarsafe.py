@@ -34,7 +34,7 @@ import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envbuild.build.layers import OPAQUE, WHITEOUT
+from envbuild.build.entries import OPAQUE, WHITEOUT
 from envbuild.errors import InputFileError
 
 GIB = 1 << 30
