@@ -32,7 +32,6 @@ import io
 import json
 import logging
 import os
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,14 +42,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.build import layers as layers_mod
 from envbuild.build.layers import Compression, Entry, Kind, Layer
+from envbuild.engine import ContainerEngine
 from envbuild.errors import (
-    EnvironmentFailure,
     InputFileError,
     IntegrityError,
     ManifestError,
     OutputError,
     ToolFailed,
-    ToolNotFound,
 )
 from envbuild.fsio import atomic_writer, compact_json, write_atomic
 from envbuild.store.core import DIGEST_RE, Store, digest_hex
@@ -62,8 +60,6 @@ INDEX = "application/vnd.oci.image.index.v1+json"
 CONFIG = "application/vnd.oci.image.config.v1+json"
 REF_NAME = "org.opencontainers.image.ref.name"
 DOCKER_ARCHIVE = "docker-archive.tar"
-API_VERSION = "1.41"
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
 
@@ -678,64 +674,13 @@ def find_archive(path: Path) -> Path:
     raise InputFileError(path, "does not exist")
 
 
-def _probe(url: str) -> None:
-    """Fail early and cleanly when a unix socket does not answer (the docker SDK leaks the
-    socket of a failed connection)."""
-    if not url.startswith("unix://"):
-        return
-    path = url[len("unix://") :]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(10)
-            probe.connect(path)
-    except OSError as exc:
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {url}: {exc.strerror or exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-
-
-def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
-    """``docker load`` the archive at ``path`` (a tar, or a build's output folder) through the
-    docker SDK; the engine is ``base_url``, else ``$DOCKER_HOST``, else the default socket."""
+def load_into_engine(path: Path, engine: ContainerEngine) -> Loaded:
+    """``docker load`` the archive at ``path`` (a tar, or a build's output folder) into
+    ``engine``."""
     archive = find_archive(path)
-    try:
-        import docker  # type: ignore[import-untyped]
-        import docker.errors  # type: ignore[import-untyped]
-        import requests
-    except ImportError as exc:  # pragma: no cover - docker is a dependency
-        raise ToolNotFound("the docker SDK", hint="pip install docker") from exc
-    where = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    _probe(where)
-    client = None
-    try:
-        # a fixed API version: "auto" asks the engine inside the constructor, and a failed
-        # constructor leaks its socket. 1.41 (Docker 20.10) is served by every later engine.
-        # loading gigabytes into a vfs engine takes minutes: the SDK's 60 s default is too short
-        if base_url:
-            client = docker.DockerClient(base_url=base_url, version=API_VERSION, timeout=1800)
-        else:
-            client = docker.from_env(version=API_VERSION, timeout=1800)
-        client.ping()
-        engine_version = str(client.version().get("Version") or "") or None
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        if client is not None:
-            client.close()
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {where}: {exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-    try:
-        with archive.open("rb") as f:
-            images = client.images.load(f)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EnvironmentFailure(f"the engine at {where} refused {archive}: {exc}") from exc
-    finally:
-        client.close()
-    if not images:
-        raise EnvironmentFailure(f"the engine at {where} loaded no image from {archive}")
-    image = images[0]
+    engine_version = engine.version()
+    image = engine.load(archive)
     from envbuild.registry.compat import reads_zstd
 
     zstd = reads_zstd("docker", engine_version) if engine_version else None
-    return Loaded(str(archive), str(image.id), sorted(image.tags), engine_version, zstd)
+    return Loaded(str(archive), image.id, image.tags, engine_version, zstd)
