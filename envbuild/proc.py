@@ -23,7 +23,7 @@ from typing import IO
 
 from envbuild.errors import ToolFailed, ToolNotFound
 
-log = logging.getLogger("envbuild.proc")
+log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 
@@ -217,6 +217,45 @@ FILTER_CHUNK = 1 << 20
 
 
 @contextlib.contextmanager
+def _piped(
+    argv: Sequence[Arg],
+    *,
+    tool: str | None,
+    env: Mapping[str, str] | None,
+    hint: str | None,
+    stdin: int,
+    bufsize: int = -1,
+) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[int], None]]]:
+    """Start ``argv`` with stdout a pipe and stderr kept in a temporary file; yields the child
+    and ``check(returncode)``, which raises :class:`ToolFailed` with the stderr's tail for a
+    non-zero status."""
+    real = [_reveal(a) for a in argv]
+    shown = tuple(_redact(a) for a in argv)
+    name = tool or Path(shown[0]).name
+    log.debug("running: %s", " ".join(shown))
+    with tempfile.TemporaryFile() as errfile:
+        try:
+            child = subprocess.Popen(
+                real,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=errfile,
+                env=dict(env) if env is not None else None,
+                bufsize=bufsize,
+            )
+        except FileNotFoundError as exc:
+            raise ToolNotFound(name, hint=hint) from exc
+
+        def check(returncode: int) -> None:
+            if returncode != 0:
+                errfile.seek(0)
+                tail = _tail(errfile.read().decode(errors="replace"))
+                raise ToolFailed(name, shown, returncode, tail, hint=hint)
+
+        yield child, check
+
+
+@contextlib.contextmanager
 def filter_bytes(
     argv: Sequence[Arg],
     sink: Callable[[bytes], None],
@@ -232,22 +271,11 @@ def filter_bytes(
     command waited for: a non-zero exit raises :class:`ToolFailed` with its stderr, an exception
     from ``sink`` is raised here, and an exception inside the block kills the command.
     """
-    real = [_reveal(a) for a in argv]
-    shown = tuple(_redact(a) for a in argv)
-    name = tool or Path(shown[0]).name
-    log.debug("running: %s", " ".join(shown))
-    with tempfile.TemporaryFile() as errfile:
-        try:
-            child = subprocess.Popen(
-                real,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errfile,
-                env=dict(env) if env is not None else None,
-                bufsize=0,
-            )
-        except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
+    name = tool or Path(_redact(argv[0])).name
+    with _piped(argv, tool=tool, env=env, hint=hint, stdin=subprocess.PIPE, bufsize=0) as (
+        child,
+        check,
+    ):
         assert child.stdin is not None and child.stdout is not None
         stdin_fd, stdout_fd = child.stdin.fileno(), child.stdout.fileno()
         for fd in (stdin_fd, stdout_fd):
@@ -272,10 +300,7 @@ def filter_bytes(
             returncode = child.wait()
             if failures:
                 raise failures[0]
-            if returncode != 0:
-                errfile.seek(0)
-                tail = _tail(errfile.read().decode(errors="replace"))
-                raise ToolFailed(name, shown, returncode, tail, hint=hint)
+            check(returncode)
 
         def write(data: bytes | bytearray | memoryview) -> None:
             view = memoryview(data)
@@ -313,21 +338,7 @@ def reading(
     When the block ends the command is waited for (killed if the block did not read to the end
     or raised); a non-zero exit of a command read to its end raises :class:`ToolFailed`.
     """
-    real = [_reveal(a) for a in argv]
-    shown = tuple(_redact(a) for a in argv)
-    name = tool or Path(shown[0]).name
-    log.debug("running: %s", " ".join(shown))
-    with tempfile.TemporaryFile() as errfile:
-        try:
-            child = subprocess.Popen(
-                real,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=errfile,
-                env=dict(env) if env is not None else None,
-            )
-        except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
+    with _piped(argv, tool=tool, env=env, hint=hint, stdin=subprocess.DEVNULL) as (child, check):
         assert child.stdout is not None
         try:
             yield child.stdout
@@ -341,7 +352,5 @@ def reading(
             child.kill()
         child.stdout.close()
         returncode = child.wait()
-        if at_end and returncode != 0:
-            errfile.seek(0)
-            tail = _tail(errfile.read().decode(errors="replace"))
-            raise ToolFailed(name, shown, returncode, tail, hint=hint)
+        if at_end:
+            check(returncode)
