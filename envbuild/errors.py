@@ -211,6 +211,36 @@ class RegistryUnreachable(RegistryError):
     refusal or a TLS mismatch, nothing about the request was wrong."""
 
 
+class EngineError(EnvironmentFailure):
+    """A container engine refused an operation or failed during it. ``host`` names the engine."""
+
+    def __init__(self, message: str, *, host: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.host = host
+
+
+class EngineUnreachable(EngineError):
+    """No container engine answers at ``host`` (no socket, no permission, no daemon)."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        super().__init__(
+            f"no Docker engine answers at {host}: {reason}",
+            host=host,
+            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
+        )
+        self.reason = reason
+
+
+class ContainerStartFailed(EngineError):
+    """The engine created a container of ``image`` but could not start it; ``detail`` is the
+    engine's own explanation (a missing entrypoint, a bad mount)."""
+
+    def __init__(self, host: str, image: str, detail: str) -> None:
+        super().__init__(f"the engine cannot start a container of {image}: {detail}", host=host)
+        self.image = image
+        self.detail = detail
+
+
 class Busy(EnvironmentFailure):
     """Another envbuild process holds the lock on what this one wants to change."""
 

@@ -2,7 +2,9 @@
 
 Every subprocess (uv, mmdebstrap, skopeo, nvcc, systemctl …) goes through :func:`run`. It logs the
 argv with secrets redacted, captures output (or streams it to the log when asked), and raises
-:class:`~envbuild.errors.ToolFailed` quoting the tool's own words when the command fails.
+:class:`~envbuild.errors.ToolFailed` quoting the tool's own words when the command fails. A child's
+environment is :func:`child_env` (the caller's, without what redirects Python) or, for uv,
+:func:`uv_env` (cleaned: only what uv needs, and what may change a result given explicitly).
 """
 
 from __future__ import annotations
@@ -23,21 +25,15 @@ from typing import IO
 
 from envbuild.errors import ToolFailed, ToolNotFound
 
-log = logging.getLogger("envbuild.proc")
+log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 
 #: Variables that make a child Python or installer behave differently from what we asked.
 _POLLUTING = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "VIRTUAL_ENV",
-    "CONDA_PREFIX",
-    "PIP_REQUIRE_VIRTUALENV",
-    "__PYVENV_LAUNCHER__",
-)
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "PIP_REQUIRE_VIRTUALENV", "__PYVENV_LAUNCHER__",
+)  # fmt: skip
 
 
 class Secret:
@@ -103,6 +99,54 @@ def child_env(
         env.pop(name, None)
     env["LC_ALL"] = "C.UTF-8"
     env["TZ"] = "UTC"
+    for key, value in (overrides or {}).items():
+        env[key] = _reveal(value)
+    return env
+
+
+#: What a uv child keeps of the caller's environment: where it runs (PATH, HOME, the XDG folders,
+#: the temporary folder, the loader's path for the interpreters it asks) and how it reaches the
+#: network (proxies in either case, CA bundles, netrc).
+_UV_PASSED = (
+    "PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "XDG_CACHE_HOME", "XDG_DATA_HOME",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "NETRC",
+    *(v for n in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY") for v in (n, n.lower())),
+)  # fmt: skip
+#: The ``UV_*`` variables a uv child keeps: they change how uv reaches the network or caches, not
+#: what it resolves or installs. Every other ``UV_*`` (an index, a constraint, a resolution
+#: strategy, bytecode compilation) is the caller's shell steering the result: the lock decides.
+UV_NETWORK = frozenset({
+    "UV_CACHE_DIR", "UV_NO_CACHE", "UV_OFFLINE", "UV_NATIVE_TLS", "UV_SYSTEM_CERTS",
+    "UV_HTTP_TIMEOUT", "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_CONCURRENT_DOWNLOADS",
+    "UV_INSECURE_HOST", "UV_KEYRING_PROVIDER",
+})  # fmt: skip
+#: What every uv child is told: no configuration files, no Python downloads, no progress bars or
+#: colours in the output envbuild reads.
+UV_FIXED = {
+    "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1", "NO_COLOR": "1",
+    "LC_ALL": "C.UTF-8", "TZ": "UTC",
+}  # fmt: skip
+
+
+def uv_env(
+    overrides: Mapping[str, str | Secret] | None = None,
+    *,
+    base: Mapping[str, str] | None = None,
+    source_date_epoch: int | None = None,
+    docker_host: str | None = None,
+) -> dict[str, str]:
+    """The environment of a uv child (lock, install, apply): cleaned, not inherited.
+
+    Only :data:`_UV_PASSED` and :data:`UV_NETWORK` come from ``base`` (default: this process's
+    environment), then :data:`UV_FIXED`. What may change a result is an explicit input:
+    ``source_date_epoch`` and ``docker_host`` reach the child only when given, a secret only as a
+    :class:`Secret` value in ``overrides`` (revealed here, and nowhere logged).
+    """
+    source = os.environ if base is None else base
+    env = {k: source[k] for k in (*_UV_PASSED, *sorted(UV_NETWORK)) if source.get(k)}
+    env.update(UV_FIXED)
+    inputs = {"SOURCE_DATE_EPOCH": source_date_epoch, "DOCKER_HOST": docker_host}
+    env.update({k: str(v) for k, v in inputs.items() if v is not None})
     for key, value in (overrides or {}).items():
         env[key] = _reveal(value)
     return env
@@ -217,6 +261,45 @@ FILTER_CHUNK = 1 << 20
 
 
 @contextlib.contextmanager
+def _piped(
+    argv: Sequence[Arg],
+    *,
+    tool: str | None,
+    env: Mapping[str, str] | None,
+    hint: str | None,
+    stdin: int,
+    bufsize: int = -1,
+) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[int], None]]]:
+    """Start ``argv`` with stdout a pipe and stderr kept in a temporary file; yields the child
+    and ``check(returncode)``, which raises :class:`ToolFailed` with the stderr's tail for a
+    non-zero status."""
+    real = [_reveal(a) for a in argv]
+    shown = tuple(_redact(a) for a in argv)
+    name = tool or Path(shown[0]).name
+    log.debug("running: %s", " ".join(shown))
+    with tempfile.TemporaryFile() as errfile:
+        try:
+            child = subprocess.Popen(
+                real,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=errfile,
+                env=dict(env) if env is not None else None,
+                bufsize=bufsize,
+            )
+        except FileNotFoundError as exc:
+            raise ToolNotFound(name, hint=hint) from exc
+
+        def check(returncode: int) -> None:
+            if returncode != 0:
+                errfile.seek(0)
+                tail = _tail(errfile.read().decode(errors="replace"))
+                raise ToolFailed(name, shown, returncode, tail, hint=hint)
+
+        yield child, check
+
+
+@contextlib.contextmanager
 def filter_bytes(
     argv: Sequence[Arg],
     sink: Callable[[bytes], None],
@@ -232,22 +315,11 @@ def filter_bytes(
     command waited for: a non-zero exit raises :class:`ToolFailed` with its stderr, an exception
     from ``sink`` is raised here, and an exception inside the block kills the command.
     """
-    real = [_reveal(a) for a in argv]
-    shown = tuple(_redact(a) for a in argv)
-    name = tool or Path(shown[0]).name
-    log.debug("running: %s", " ".join(shown))
-    with tempfile.TemporaryFile() as errfile:
-        try:
-            child = subprocess.Popen(
-                real,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errfile,
-                env=dict(env) if env is not None else None,
-                bufsize=0,
-            )
-        except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
+    name = tool or Path(_redact(argv[0])).name
+    with _piped(argv, tool=tool, env=env, hint=hint, stdin=subprocess.PIPE, bufsize=0) as (
+        child,
+        check,
+    ):
         assert child.stdin is not None and child.stdout is not None
         stdin_fd, stdout_fd = child.stdin.fileno(), child.stdout.fileno()
         for fd in (stdin_fd, stdout_fd):
@@ -272,10 +344,7 @@ def filter_bytes(
             returncode = child.wait()
             if failures:
                 raise failures[0]
-            if returncode != 0:
-                errfile.seek(0)
-                tail = _tail(errfile.read().decode(errors="replace"))
-                raise ToolFailed(name, shown, returncode, tail, hint=hint)
+            check(returncode)
 
         def write(data: bytes | bytearray | memoryview) -> None:
             view = memoryview(data)
@@ -313,21 +382,7 @@ def reading(
     When the block ends the command is waited for (killed if the block did not read to the end
     or raised); a non-zero exit of a command read to its end raises :class:`ToolFailed`.
     """
-    real = [_reveal(a) for a in argv]
-    shown = tuple(_redact(a) for a in argv)
-    name = tool or Path(shown[0]).name
-    log.debug("running: %s", " ".join(shown))
-    with tempfile.TemporaryFile() as errfile:
-        try:
-            child = subprocess.Popen(
-                real,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=errfile,
-                env=dict(env) if env is not None else None,
-            )
-        except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
+    with _piped(argv, tool=tool, env=env, hint=hint, stdin=subprocess.DEVNULL) as (child, check):
         assert child.stdout is not None
         try:
             yield child.stdout
@@ -341,7 +396,5 @@ def reading(
             child.kill()
         child.stdout.close()
         returncode = child.wait()
-        if at_end and returncode != 0:
-            errfile.seek(0)
-            tail = _tail(errfile.read().decode(errors="replace"))
-            raise ToolFailed(name, shown, returncode, tail, hint=hint)
+        if at_end:
+            check(returncode)

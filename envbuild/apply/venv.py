@@ -94,15 +94,11 @@ def _wheel_entry(wheel: StoreWheel) -> dict[str, Any]:
     }
 
 
-def uv_env() -> dict[str, str]:
-    return proc.child_env({"UV_PYTHON_DOWNLOADS": "never"})
-
-
 def python_available(version: str) -> str | None:
     """The interpreter uv would use for ``version`` (None when the host has none)."""
     try:
         done = proc.run(
-            [proc.find_uv(), "python", "find", "--no-config", version], tool="uv", env=uv_env()
+            [proc.find_uv(), "python", "find", "--no-config", version], tool="uv", env=proc.uv_env()
         )
     except EnvironmentFailure:
         return None
@@ -112,7 +108,7 @@ def python_available(version: str) -> str | None:
 def build_venv(venv: Path, python: str, lock_file: Path) -> None:
     """Create ``venv`` with ``python`` (MAJOR.MINOR) and sync it exactly to ``lock_file``."""
     uv = proc.find_uv()
-    env = uv_env()
+    env = proc.uv_env()
     log.info("creating venv (Python %s) at %s", python, venv)
     proc.run(
         [uv, "venv", "--no-config", "--relocatable", "--python", python, venv],

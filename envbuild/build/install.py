@@ -347,10 +347,7 @@ def install(
         ]
         if (platform := target.uv_platform()) is not None:
             argv[argv.index("--prefix") : argv.index("--prefix")] = ["--python-platform", platform]
-        env = proc.child_env(
-            {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"},
-            drop=[k for k in os.environ if k.startswith("UV_")],
-        )
+        env = proc.uv_env()  # the lock decides: no UV_* of the caller's
         try:
             proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
         except ToolFailed:

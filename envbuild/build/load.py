@@ -1,27 +1,23 @@
-"""``envbuild load``: a build's docker archive into a Docker engine, through the docker SDK.
+"""``envbuild load``: a build's docker archive into a container engine.
 
 :func:`find_archive` turns what the user named (the tar, or a build's output folder) into the
-archive; :func:`load_into_engine` loads it into the engine at ``base_url``, ``$DOCKER_HOST`` or
-the default socket and says what the engine made of it (:class:`Loaded`), including whether
-that engine could pull zstd images.
+archive; :func:`load_into_engine` loads it into a :class:`~envbuild.engine.ContainerEngine` and
+says what the engine made of it (:class:`Loaded`), including whether that engine could pull
+zstd images.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE
-from envbuild.errors import EnvironmentFailure, InputFileError, ToolNotFound
+from envbuild.engine import ContainerEngine
+from envbuild.errors import InputFileError
 
 log = logging.getLogger(__name__)
-
-API_VERSION = "1.41"
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 
 @dataclass(frozen=True)
@@ -80,64 +76,13 @@ def find_archive(path: Path) -> Path:
     raise InputFileError(path, "does not exist")
 
 
-def _probe(url: str) -> None:
-    """Fail early and cleanly when a unix socket does not answer (the docker SDK leaks the
-    socket of a failed connection)."""
-    if not url.startswith("unix://"):
-        return
-    path = url[len("unix://") :]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(10)
-            probe.connect(path)
-    except OSError as exc:
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {url}: {exc.strerror or exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-
-
-def load_into_engine(path: Path, *, base_url: str | None = None) -> Loaded:
-    """``docker load`` the archive at ``path`` (a tar, or a build's output folder) through the
-    docker SDK; the engine is ``base_url``, else ``$DOCKER_HOST``, else the default socket."""
+def load_into_engine(path: Path, engine: ContainerEngine) -> Loaded:
+    """``docker load`` the archive at ``path`` (a tar, or a build's output folder) into
+    ``engine``, and say what the engine made of it."""
     archive = find_archive(path)
-    try:
-        import docker  # type: ignore[import-untyped]
-        import docker.errors  # type: ignore[import-untyped]
-        import requests
-    except ImportError as exc:  # pragma: no cover - docker is a dependency
-        raise ToolNotFound("the docker SDK", hint="pip install docker") from exc
-    where = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
-    _probe(where)
-    client = None
-    try:
-        # a fixed API version: "auto" asks the engine inside the constructor, and a failed
-        # constructor leaks its socket. 1.41 (Docker 20.10) is served by every later engine.
-        # loading gigabytes into a vfs engine takes minutes: the SDK's 60 s default is too short
-        if base_url:
-            client = docker.DockerClient(base_url=base_url, version=API_VERSION, timeout=1800)
-        else:
-            client = docker.from_env(version=API_VERSION, timeout=1800)
-        client.ping()
-        engine_version = str(client.version().get("Version") or "") or None
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        if client is not None:
-            client.close()
-        raise EnvironmentFailure(
-            f"no Docker engine answers at {where}: {exc}",
-            hint="start dockerd, or set DOCKER_HOST to an engine's socket",
-        ) from exc
-    try:
-        with archive.open("rb") as f:
-            images = client.images.load(f)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EnvironmentFailure(f"the engine at {where} refused {archive}: {exc}") from exc
-    finally:
-        client.close()
-    if not images:
-        raise EnvironmentFailure(f"the engine at {where} loaded no image from {archive}")
-    image = images[0]
+    engine_version = engine.version()
+    image = engine.load(archive)
     from envbuild.registry.compat import reads_zstd
 
     zstd = reads_zstd("docker", engine_version) if engine_version else None
-    return Loaded(str(archive), str(image.id), sorted(image.tags), engine_version, zstd)
+    return Loaded(str(archive), image.id, image.tags, engine_version, zstd)

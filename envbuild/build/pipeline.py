@@ -70,6 +70,7 @@ from envbuild.build.plan import (
     resolve_layer,
     select_wheels,
 )
+from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.fsio import canonical_json, sha256_file
 from envbuild.lock import Lock, find_lock, read_lock
@@ -265,12 +266,12 @@ def _plan_base(loaded: LoadedSpec, lock: Lock, pack: dict[str, str | int]) -> Pl
 @dataclass(frozen=True)
 class BuilderOptions:
     """Where source builds run: ``host`` (a build venv here) or ``container`` (a builder
-    container made from the image's own lower layers, on the Docker engine at ``docker_host``,
-    default ``$DOCKER_HOST``, attached to ``network``)."""
+    container made from the image's own lower layers, on ``engine`` (default: the Docker engine
+    at the default socket), attached to ``network``)."""
 
     mode: Literal["host", "container"] = "host"
     network: str = "host"
-    docker_host: str | None = None
+    engine: ContainerEngine | None = None
 
 
 @dataclass
@@ -634,7 +635,7 @@ def _builder(
         config=config,
         python=f"{plan.target['venv']}/bin/python",
         network=options.network,
-        docker_host=options.docker_host,
+        engine=options.engine or DockerEngine(),
     )
 
 

@@ -18,6 +18,7 @@ from envbuild.apply.switch import Recovery
 from envbuild.apply.wheels import StoreWheels
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.registry import get_transport
@@ -94,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
     host = hostmod.real_host(Path(args.root), args.hf_home)
     if args.cache and isinstance(host.wheels, StoreWheels):
         cached = store_with_cache(
-            host.wheels.store, args, endpoint_from_args(args), get_transport(args.transport)
+            host.wheels.store,
+            args,
+            endpoint_from_args(args),
+            get_transport(args.transport, docker_engine()),
         )
         host.wheels = StoreWheels(cached)
     inp = load_input(Path(args.source), host.paths)

@@ -12,6 +12,7 @@ from envbuild.build.layers import Compression
 from envbuild.build.pipeline import COMPRESSION, BuilderOptions, BuildResult, build
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.progress import NULL, Progress, Task
@@ -39,7 +40,7 @@ def add_builder_args(p: argparse.ArgumentParser) -> None:
         default="host",
         help="where source builds ([builds]) run: in a build venv on this machine (default), or "
         "in a container made from the image's own lower layers on the Docker engine at "
-        "$DOCKER_HOST",
+        "$DOCKER_HOST (default: the default socket)",
     )
     p.add_argument(
         "--builder-network",
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec)
     store = Store(args.store) if args.store else default_store()
     if args.cache and not args.dry_run:
-        transport = get_transport(args.transport)
+        transport = get_transport(args.transport, docker_engine())
         store = store_with_cache(store, args, endpoint_from_args(args), transport)
     progress = RichProgress() if _interactive(args) else NULL
     with progress_context(progress):
@@ -94,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
             compression=Compression(args.compression),
             docker_archive=args.docker_archive,
             progress=progress,
-            builder=BuilderOptions(mode=args.builder, network=args.builder_network),
+            builder=BuilderOptions(
+                mode=args.builder, network=args.builder_network, engine=docker_engine()
+            ),
         )
     if args.dry_run:
         if args.json:

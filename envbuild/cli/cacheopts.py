@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from envbuild.cli.engineopts import docker_engine
 from envbuild.registry import Endpoint, Transport, parse_repo
 from envbuild.store.core import Store
 from envbuild.store.remote import CachedStore, RemoteCache
@@ -35,6 +36,7 @@ def store_with_cache(
         parse_repo(args.cache, what="--cache"),
         endpoint=endpoint,
         transport=transport,
+        engine=docker_engine(),
         push=not args.cache_read_only,
     )
     return CachedStore.over(store, remote)

@@ -11,6 +11,7 @@ from envbuild.ci import BuildOutput, discover_specs, human_size, run_ci, summary
 from envbuild.cli import render
 from envbuild.cli.build import add_builder_args, add_compression_arg
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
 from envbuild.registry import compat as engines
@@ -45,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     specs = args.specs or discover_specs(find_root(Path.cwd() / "specs"))
     endpoint = endpoint_from_args(args)
     store = Store(args.store) if args.store else default_store()
-    store = store_with_cache(store, args, endpoint)
-    transport = get_transport(args.transport) if (push or args.cache) else None
+    engine = docker_engine()
+    transport = get_transport(args.transport, engine) if (push or args.cache) else None
+    store = store_with_cache(store, args, endpoint, transport)
     from envbuild.build.pipeline import BuilderOptions, build
 
-    builder = BuilderOptions(mode=args.builder, network=args.builder_network)
+    builder = BuilderOptions(mode=args.builder, network=args.builder_network, engine=engine)
 
     def build_one(loaded: LoadedSpec, store: Store) -> BuildOutput:
         return build(

@@ -10,6 +10,7 @@ from typing import Any
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE
 from envbuild.build.load import load_into_engine
 from envbuild.cli import render
+from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 
 
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = load_into_engine(args.path, base_url=args.host)
+    loaded = load_into_engine(args.path, docker_engine(args.host))
     if args.json:
         render.emit_json(loaded.as_dict())
     else:

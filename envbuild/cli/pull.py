@@ -8,6 +8,7 @@ from typing import Any
 
 from envbuild.ci import human_size
 from envbuild.cli import render
+from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.registry import get_transport, parse_ref, pull
@@ -31,7 +32,12 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     source = parse_ref(args.source, what="pull source")
     endpoint = endpoint_from_args(args)
-    result = pull(source, args.dest, endpoint=endpoint, transport=get_transport(args.transport))
+    result = pull(
+        source,
+        args.dest,
+        endpoint=endpoint,
+        transport=get_transport(args.transport, docker_engine()),
+    )
     if args.json:
         render.emit_json(result.as_dict())
     else:

@@ -8,6 +8,7 @@ from typing import Any
 
 from envbuild.ci import human_size
 from envbuild.cli import render
+from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
 from envbuild.registry import compat as engines
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         target,
         tag=args.layout_tag,
         endpoint=endpoint_from_args(args),
-        transport=get_transport(args.transport),
+        transport=get_transport(args.transport, docker_engine()),
     )
     if args.json:
         render.emit_json(result.as_dict())

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.cli import render
+from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 from envbuild.fsio import canonical_json, write_atomic
 from envbuild.snapshot import Options, Snapshot, take_snapshot
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             models=not args.no_models,
             services=args.services,
             docker=not args.no_docker,
+            engine=docker_engine(),
             systemd=not args.no_systemd,
         )
     )

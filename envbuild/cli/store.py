@@ -10,6 +10,7 @@ from typing import Any
 from envbuild.build.pipeline import BuilderOptions, source_builder
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
+from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.push import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.sourcebuild.stored import (
@@ -124,7 +125,7 @@ def _plan(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.cache:
         store = store_with_cache(store, args, endpoint_from_args(args))
-    options = BuilderOptions(mode=args.builder)
+    options = BuilderOptions(mode=args.builder, engine=docker_engine())
     planned, costs = store_plan_for_spec(
         args.spec, store, builder=lambda loaded: source_builder(loaded, store, options)
     )
@@ -162,7 +163,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _add(args: argparse.Namespace) -> int:
     store = _store(args)
-    options = BuilderOptions(mode=args.builder)
+    options = BuilderOptions(mode=args.builder, engine=docker_engine())
     result = add_wheel_for_spec(
         args.spec,
         args.dist,

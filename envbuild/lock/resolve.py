@@ -3,9 +3,9 @@
 uv runs as ``uv pip compile`` on a temporary project written from the spec and writes PEP 751
 (``--format pylock.toml``); its packages, file URLs, sizes and sha256 digests are taken as they
 are and parsed into :class:`~envbuild.lock.model.LockedPackage`. Nothing the user configured can
-change the answer: uv's configuration files are ignored (``UV_NO_CONFIG``), every ``UV_*``
-variable that steers resolution is dropped, Python is never downloaded, and the target (Python
-version, platform, cutoff, indexes) is passed explicitly.
+change the answer: uv runs in :func:`envbuild.proc.uv_env` (no configuration files, no ``UV_*``
+variable that steers resolution, Python never downloaded), and the target (Python version,
+platform, cutoff, indexes) is passed explicitly.
 
 Nothing is built at lock time. Every distribution must come as a wheel (``--only-binary
 :all:``), except the spec's source builds, which are locked as sdists (``--no-binary NAME``)
@@ -16,7 +16,6 @@ PKG-INFO by :mod:`envbuild.lock.sdist`), so uv never runs their setup.py.
 from __future__ import annotations
 
 import logging
-import os
 import tomllib
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -42,23 +41,6 @@ log = logging.getLogger(__name__)
 #: them directly): their CUDA variant must match torch's.
 TORCH_FAMILY = ("torch", "torchaudio", "torchvision")
 
-#: ``UV_*`` variables that may stay: they change how uv reaches the network or caches, not what
-#: it resolves. Every other ``UV_*`` variable is dropped from uv's environment.
-_UV_KEEP = frozenset(
-    {
-        "UV_CACHE_DIR",
-        "UV_NO_CACHE",
-        "UV_OFFLINE",
-        "UV_NATIVE_TLS",
-        "UV_SYSTEM_CERTS",
-        "UV_HTTP_TIMEOUT",
-        "UV_REQUEST_TIMEOUT",
-        "UV_HTTP_RETRIES",
-        "UV_CONCURRENT_DOWNLOADS",
-        "UV_INSECURE_HOST",
-        "UV_KEYRING_PROVIDER",
-    }
-)
 _PACKAGE_KEYS = frozenset({"name", "version", "marker", "requires-python", "wheels", "sdist"})
 _TIMEOUT = 1800.0
 
@@ -172,7 +154,7 @@ def _compile(
             argv += ["--no-binary", name]
         if no_deps:
             argv.append("--no-deps")
-        done = proc.run(argv, tool="uv", cwd=work, env=uv_env(), check=False, timeout=_TIMEOUT)
+        done = proc.run(argv, tool="uv", cwd=work, env=proc.uv_env(), check=False, timeout=_TIMEOUT)
         secrets: list[str | proc.Secret] = [a for a in argv if isinstance(a, proc.Secret)]
         if target.torch_index:
             secrets.append(expand_url(target.torch_index))
@@ -194,14 +176,6 @@ def _compile(
         for line in said.splitlines():
             log.debug("uv: %s", line)
         return parse_pylock((work / "pylock.toml").read_text(encoding="utf-8"), target)
-
-
-def uv_env() -> dict[str, str]:
-    """uv's environment: no configuration files, no Python downloads, no ``UV_*`` that steers."""
-    drop = [k for k in os.environ if k.startswith("UV_") and k not in _UV_KEEP]
-    return proc.child_env(
-        {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "NO_COLOR": "1"}, drop=drop
-    )
 
 
 def _explanation(stderr: str, secrets: Sequence[str | proc.Secret] = ()) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envbuild import scratch
+from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotFound
 from envbuild.oci import LayoutImage, open_layout, verify_layout
 from envbuild.registry.api import Endpoint, RegistryApi
@@ -48,14 +49,16 @@ TransportName = Literal["auto", "skopeo", "docker"]
 PULLED_ARTIFACTS = ("application/vnd.cyclonedx+json",)
 
 
-def get_transport(name: TransportName = "auto") -> Transport:
-    """skopeo when installed (or asked for); else the Docker engine through the docker SDK."""
+def get_transport(name: TransportName = "auto", engine: ContainerEngine | None = None) -> Transport:
+    """skopeo when installed (or asked for); else the container engine ``engine`` (default: the
+    Docker engine at the default socket) when it answers, or when asked for."""
     if name == "skopeo" or (name == "auto" and Skopeo.available()):
         return Skopeo()
-    from envbuild.registry.engine import DockerEngine
+    from envbuild.registry.engine import EngineTransport
 
-    if name == "docker" or DockerEngine.available():
-        return DockerEngine()
+    engine = engine or DockerEngine()
+    if name == "docker" or engine.available():
+        return EngineTransport(engine)
     raise ToolNotFound("skopeo", hint=SKOPEO_HINT)
 
 

@@ -20,14 +20,15 @@ import io
 import json
 import logging
 import tarfile
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from envbuild import scratch
 from envbuild.build import layers
-from envbuild.errors import EnvironmentFailure, ToolFailed, ToolNotFound
+from envbuild.engine import ContainerEngine
+from envbuild.errors import ToolFailed
 from envbuild.fsio import compact_json
 from envbuild.oci import OCI_MANIFEST, REF_NAME, Descriptor, LayoutImage
 from envbuild.registry.api import Endpoint
@@ -36,31 +37,11 @@ from envbuild.registry.layout import add_blob
 from envbuild.registry.ref import ImageRef
 from envbuild.registry.transport import Copied, Transport, classify
 
-log = logging.getLogger("envbuild.registry")
+log = logging.getLogger(__name__)
 
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 EXISTS = ("Layer already exists", "Mounted from")
-
-
-def _client(base_url: str | None = None) -> Any:
-    try:
-        import docker  # type: ignore[import-untyped]
-        import docker.errors  # type: ignore[import-untyped]
-    except ImportError as exc:  # pragma: no cover - docker is a dependency
-        raise ToolNotFound("the docker SDK", hint="pip install docker") from exc
-    client = None
-    try:
-        client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        if client is not None:
-            client.close()
-        raise EnvironmentFailure(
-            f"no Docker engine answers: {exc}",
-            hint="start one, or set DOCKER_HOST; or install skopeo",
-        ) from exc
-    return client
 
 
 def _auth(creds: Credentials | None) -> dict[str, str] | None:
@@ -85,33 +66,14 @@ def _messages(
     return seen
 
 
-class DockerEngine(Transport):
-    """Copies through a Docker engine (``$DOCKER_HOST`` or the default socket)."""
+class EngineTransport(Transport):
+    """Copies through a container engine (:mod:`envbuild.engine`)."""
 
     name = "docker"
     preserves_digests = False
 
-    def __init__(self, base_url: str | None = None) -> None:
-        self.base_url = base_url
-        with self._session():
-            pass  # fail now, clearly, when no engine answers
-
-    @contextmanager
-    def _session(self) -> Iterator[Any]:
-        """A client for one operation, closed after it (its socket is not left to the GC)."""
-        client = _client(self.base_url)
-        try:
-            yield client
-        finally:
-            client.close()
-
-    @staticmethod
-    def available() -> bool:
-        try:
-            _client().close()
-        except (EnvironmentFailure, ToolNotFound):
-            return False
-        return True
+    def __init__(self, engine: ContainerEngine) -> None:
+        self.engine = engine
 
     # -- push ---------------------------------------------------------------------------------
     def _archive(self, image: LayoutImage, repo_tag: str, folder: Path) -> Path:
@@ -149,17 +111,11 @@ class DockerEngine(Transport):
         self, image: LayoutImage, target: ImageRef, endpoint: Endpoint, creds: Credentials | None
     ) -> Copied:
         repo_tag = f"{target.name}:{target.tag}"
-        with self._session() as client:
-            with scratch.temp_dir("engine-") as tmp:
-                archive = self._archive(image, repo_tag, Path(tmp))
-                with archive.open("rb") as f:
-                    loading = client.api.load_image(f)
-                    _messages(loading, "docker load", target.registry, creds)
-            log.debug("loaded %s into the engine", repo_tag)
-            stream = client.api.push(
-                target.name, tag=target.tag, stream=True, decode=True, auth_config=_auth(creds)
-            )
-            msgs = _messages(stream, f"docker push {repo_tag}", target.registry, creds)
+        with scratch.temp_dir("engine-") as tmp:
+            self.engine.load(self._archive(image, repo_tag, Path(tmp)))
+        log.debug("loaded %s into the engine", repo_tag)
+        stream = self.engine.push(target.name, target.tag, _auth(creds))
+        msgs = _messages(stream, f"docker push {repo_tag}", target.registry, creds)
         digest = next((str(m["aux"]["Digest"]) for m in msgs if "Digest" in m.get("aux", {})), "")
         state: dict[str, bool] = {}
         for m in msgs:
@@ -180,19 +136,13 @@ class DockerEngine(Transport):
         tag: str | None,
     ) -> None:
         pinned = f"{source.name}@{source.digest}"
-        with (
-            self._session() as client,
-            scratch.temp_dir("engine-") as tmp,
-        ):
-            stream = client.api.pull(
-                source.name, tag=source.digest, stream=True, decode=True, auth_config=_auth(creds)
-            )
+        with scratch.temp_dir("engine-") as tmp:
+            stream = self.engine.pull(source.name, source.digest, _auth(creds))
             _messages(stream, f"docker pull {pinned}", source.registry, creds)
             saved = Path(tmp) / "saved"
             archive = Path(tmp) / "image.tar"
             with archive.open("wb") as out:
-                for chunk in client.api.get_image(pinned):
-                    out.write(chunk)
+                self.engine.save(pinned, out)
             with tarfile.open(archive) as tar:
                 tar.extractall(saved, filter="data")
             _to_layout(saved, dest, tag)

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from envbuild import __version__
+from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.snapshot import (
     cuda,
     docker,
@@ -53,6 +54,7 @@ class Options:
     hf_cache: str | None = None  # None: huggingface_hub's default
     services: str = systemd.DEFAULT_PATTERN
     docker: bool = True
+    engine: ContainerEngine | None = None  # None: the Docker engine at the default socket
     systemd: bool = True
     models: bool = True
     cuda: bool = True
@@ -115,7 +117,7 @@ def take_snapshot(opts: Options) -> Snapshot:
         pythons=envs,
         cuda_toolkits=cuda.read_toolkits() if opts.cuda else [],
         cuda_libraries=cuda.read_libraries() if opts.cuda else None,
-        docker=docker.read_docker(redactor) if opts.docker else None,
+        docker=docker.read_docker(redactor, opts.engine or DockerEngine()) if opts.docker else None,
         systemd=systemd.read_units(opts.services, redactor) if opts.systemd else None,
         hf_cache=(
             hfcache.read_cache(hf_path, check_blobs=opts.integrity == "full")

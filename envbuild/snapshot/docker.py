@@ -1,5 +1,6 @@
-"""Docker: running containers and the digests of their images, through the ``docker`` SDK.
+"""Docker: running containers and the digests of their images, asked of a container engine.
 
+Input: the engine (:mod:`envbuild.engine`) and the redactor; output: the snapshot's Docker section.
 Without an engine (no socket, no permission, no SDK) the section says so and the snapshot goes on.
 Container environments and registry credentials are never read.
 """
@@ -7,55 +8,48 @@ Container environments and registry credentials are never read.
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
 
+from envbuild.engine import ContainerEngine
+from envbuild.errors import EngineError, EngineUnreachable, ToolNotFound
 from envbuild.snapshot.model.services import Container, DockerSection
 from envbuild.snapshot.redact import Redactor
 
-log = logging.getLogger("envbuild.snapshot.docker")
+log = logging.getLogger(__name__)
 
 
-def read_docker(redactor: Redactor, client: Any = None) -> DockerSection:
+def read_docker(redactor: Redactor, engine: ContainerEngine) -> DockerSection:
+    """The Docker section: the engine's version and its running containers, sorted by name."""
     try:
-        import docker  # type: ignore[import-untyped]
-        from docker.errors import DockerException  # type: ignore[import-untyped]
-    except ImportError as exc:
-        return DockerSection(available=False, reason=f"the docker SDK is not installed ({exc})")
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if client is None and host.startswith("unix://") and not os.path.exists(host[7:]):
-        return DockerSection(available=False, reason=f"no Docker engine: no socket at {host[7:]}")
-    try:
-        if client is None:
-            client = docker.from_env(timeout=10, version="1.41")
-        version = client.version()
+        version = engine.version()
         containers = []
-        for c in client.containers.list():
-            image = c.attrs.get("Config", {}).get("Image") or ""
-            image_id = c.attrs.get("Image") or ""
+        for c in engine.containers():
             try:
-                digests = sorted(client.images.get(image_id).attrs.get("RepoDigests") or [])
-            except DockerException:
-                digests = []
+                found = engine.inspect_image(c.image_id) if c.image_id else None
+            except EngineUnreachable:
+                raise
+            except EngineError:
+                found = None
             containers.append(
                 Container(
                     name=c.name,
                     id=c.id,
-                    image=redactor.text(f"docker.containers[{c.name}].image", image),
-                    image_id=image_id,
-                    repo_digests=digests,
+                    image=redactor.text(f"docker.containers[{c.name}].image", c.image),
+                    image_id=c.image_id,
+                    repo_digests=sorted(found.repo_digests) if found is not None else [],
                     status=c.status,
                 )
             )
-    except DockerException as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except ToolNotFound as exc:
+        return DockerSection(available=False, reason=f"the docker SDK is not installed ({exc})")
+    except EngineError as exc:
+        if isinstance(exc, EngineUnreachable):
+            reason = f"no Docker engine at {exc.host}: {exc.reason.splitlines()[0]}"
+        else:
+            reason = f"no Docker engine: {exc.message.splitlines()[0]}"
         log.info("no Docker facts: %s", reason)
-        return DockerSection(available=False, reason=f"no Docker engine: {reason}")
-    finally:
-        if client is not None:
-            client.close()
+        return DockerSection(available=False, reason=reason)
     return DockerSection(
         available=True,
-        server_version=version.get("Version"),
+        server_version=version,
         containers=sorted(containers, key=lambda c: c.name),
     )

@@ -2,10 +2,10 @@
 
 :class:`ContainerBuilder` turns the base and the layers below the source-built ones (the venv with
 the locked torch, the CUDA wheels, the small distributions) into an image — the same OCI image
-writer as the build's, the layers from the store — and loads it into a Docker engine through the
-docker SDK (``docker load`` of a docker archive, so the engine keeps the layers and a second load
-of the same layers is cheap; an image already in the engine is not loaded again: its ID is its
-config digest). A build then runs in a throwaway container of that image:
+writer as the build's, the layers from the store — and loads it into the container engine it is
+given (:mod:`envbuild.engine`; ``docker load`` of a docker archive, so the engine keeps the layers
+and a second load of the same layers is cheap; an image already in the engine is not loaded
+again: its ID is its config digest). A build then runs in a throwaway container of that image:
 
 * the work folder (the sdist in, the wheel out) is bind-mounted at ``/envbuild/work``, this
   machine's uv binary read-only at ``/envbuild/tools/uv``;
@@ -43,9 +43,15 @@ from typing import Any
 from envbuild import proc
 from envbuild.build import dockerarchive
 from envbuild.build import image as image_mod
-from envbuild.build import load as load_mod
 from envbuild.build.layers import Layer
-from envbuild.errors import EnvironmentFailure, ToolNotFound
+from envbuild.engine import ContainerEngine, Mount, RunRequest
+from envbuild.errors import (
+    ContainerStartFailed,
+    EngineError,
+    EngineUnreachable,
+    EnvironmentFailure,
+    ToolNotFound,
+)
 from envbuild.sourcebuild import container_probe
 from envbuild.sourcebuild.builder import (
     SOURCE_DATE_EPOCH,
@@ -70,16 +76,14 @@ PROXY_VARIABLES = tuple(
 )
 PROBE_KIND = "builder-probe"
 PROBE_FORMAT = 1
-#: A build may print nothing for a long time (one nvcc job): the engine's reads must not time out.
-ENGINE_TIMEOUT = 7 * 24 * 3600
 
 
 class ContainerBuilder(Builder):
     """Builds in a container of the image made of ``layers`` (base first) and ``config``.
 
     ``python`` is the interpreter inside the image (the venv's, ``/opt/venv/bin/python``);
-    ``docker_host`` the engine (default ``$DOCKER_HOST``); ``base_env`` replaces ``os.environ`` as
-    the source of the proxy variables and ``SSL_CERT_FILE``.
+    ``engine`` runs the containers; ``base_env`` replaces ``os.environ`` as the source of the
+    proxy variables and ``SSL_CERT_FILE``.
     """
 
     mode = "container"
@@ -92,13 +96,13 @@ class ContainerBuilder(Builder):
         config: image_mod.OciImageConfig,
         python: str = "/opt/venv/bin/python",
         network: str = "host",
-        docker_host: str | None = None,
+        engine: ContainerEngine,
         base_env: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.python = python
         self.network = network
-        self.docker_host = docker_host
+        self.engine = engine
         self.base_env = dict(os.environ if base_env is None else base_env)
         history = [image_mod.History(created_by="envbuild builder layer") for _ in layers]
         self.image = image_mod.write_image(store, layers=layers, config=config, history=history)
@@ -253,37 +257,12 @@ class ContainerBuilder(Builder):
 
     # -- the engine --------------------------------------------------------------------------
 
-    def _client(self) -> Any:
-        import docker  # type: ignore[import-untyped]
-        import docker.errors  # type: ignore[import-untyped]
-        import requests
-
-        where = self.docker_host or os.environ.get("DOCKER_HOST") or load_mod.DEFAULT_DOCKER_HOST
-        load_mod._probe(where)
-        client = None
-        try:
-            client = docker.DockerClient(
-                base_url=where, version=load_mod.API_VERSION, timeout=ENGINE_TIMEOUT
-            )
-            client.ping()
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            if client is not None:
-                client.close()
-            raise EnvironmentFailure(
-                f"no Docker engine answers at {where}: {exc}",
-                hint="start dockerd or set DOCKER_HOST, or build on the host (--builder host)",
-            ) from exc
-        return client
-
-    def _ensure_image(self, client: Any) -> None:
-        import docker.errors
-
+    def _ensure_image(self) -> None:
         if self._loaded:
             return
-        try:
-            client.images.get(self.image_id)
+        if self.engine.inspect_image(self.image_id) is not None:
             log.debug("builder image %s is in the engine", self.image_id[:19])
-        except docker.errors.ImageNotFound:
+        else:
             log.info("loading the builder image %s into the engine", self.image_id[:19])
             with self.store.temp_dir("builder-") as tmp:
                 archive = tmp / dockerarchive.DOCKER_ARCHIVE
@@ -293,16 +272,12 @@ class ContainerBuilder(Builder):
                     archive,
                     repo_tags=[f"envbuild/builder:{self.image_id.removeprefix('sha256:')[:12]}"],
                 )
-                loaded = load_mod.load_into_engine(archive, base_url=self._where())
-            if loaded.image_id != self.image_id:
+                loaded = self.engine.load(archive)
+            if loaded.id != self.image_id:
                 raise EnvironmentFailure(
-                    f"the engine loaded the builder image as {loaded.image_id}, expected "
-                    f"{self.image_id}"
+                    f"the engine loaded the builder image as {loaded.id}, expected {self.image_id}"
                 ) from None
         self._loaded = True
-
-    def _where(self) -> str:
-        return self.docker_host or os.environ.get("DOCKER_HOST") or load_mod.DEFAULT_DOCKER_HOST
 
     def _run(
         self,
@@ -313,72 +288,55 @@ class ContainerBuilder(Builder):
         env: Mapping[str, str] | None = None,
     ) -> tuple[int, str]:
         """Run ``sh -c script`` in a throwaway container; its exit status and output."""
-        import docker.errors
-        import requests
-
-        client = self._client()
-        container = None
+        mounts = [Mount(Path(proc.find_uv()).resolve(), UV)]
+        environment = {
+            "UV_PYTHON_DOWNLOADS": "never",
+            "UV_NO_CONFIG": "1",
+            "UV_CACHE_DIR": "/tmp/envbuild-uv-cache",
+            "UV_NO_PROGRESS": "1",
+            "LC_ALL": "C.UTF-8",
+            "TZ": "UTC",
+            **(env or {}),
+        }
+        if network != "none":
+            environment.update(self.network_env())
+            if (ca := self._ca_file()) is not None:
+                mounts.append(Mount(ca, CA_BUNDLE))
+        if work is not None:
+            mounts.append(Mount(work, WORK, read_only=False))
+        request = RunRequest(
+            self.image_id,
+            entrypoint=["/bin/sh", "-c"],
+            command=[script],
+            environment=environment,
+            mounts=mounts,
+            network=network,
+            user="0:0",
+            workdir=WORK if work is not None else "/",
+            labels={"dev.envbuild.builder": self.rootfs},
+        )
         try:
-            self._ensure_image(client)
-            volumes: dict[str, dict[str, str]] = {
-                str(Path(proc.find_uv()).resolve()): {"bind": UV, "mode": "ro"}
-            }
-            environment = {
-                "UV_PYTHON_DOWNLOADS": "never",
-                "UV_NO_CONFIG": "1",
-                "UV_CACHE_DIR": "/tmp/envbuild-uv-cache",
-                "UV_NO_PROGRESS": "1",
-                "LC_ALL": "C.UTF-8",
-                "TZ": "UTC",
-                **(env or {}),
-            }
-            if network != "none":
-                environment.update(self.network_env())
-                if (ca := self._ca_file()) is not None:
-                    volumes[str(ca)] = {"bind": CA_BUNDLE, "mode": "ro"}
-            if work is not None:
-                volumes[str(work)] = {"bind": WORK, "mode": "rw"}
-            container = client.containers.create(
-                self.image_id,
-                entrypoint=["/bin/sh", "-c"],
-                command=[script],
-                environment=environment,
-                volumes=volumes,
-                network_mode=network,
-                user="0:0",
-                working_dir=WORK if work is not None else "/",
-                labels={"dev.envbuild.builder": self.rootfs},
-            )
-            try:
-                container.start()
-            except docker.errors.APIError as exc:
-                raise EnvironmentFailure(
-                    f"the builder image cannot start a container: {exc.explanation or exc}",
-                    hint="a builder image needs /bin/sh, the venv's Python and a compiler: a "
-                    "base with python3 and build-essential (Debian), or --builder host",
-                ) from exc
-            parts: list[str] = []
-            stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
-            try:
-                for chunk in stream:
-                    text = chunk.decode("utf-8", "replace")
-                    parts.append(text)
-                    for line in text.splitlines():
-                        log.debug("builder: %s", line)
-            finally:
-                stream.close()
-            status = container.wait()
-            code = int(status.get("StatusCode", 1))
-            return code, "".join(parts)
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            raise EnvironmentFailure(f"the builder container failed: {exc}") from exc
-        finally:
-            if container is not None:
-                try:
-                    container.remove(force=True)
-                except (docker.errors.DockerException, requests.exceptions.RequestException):
-                    log.warning("could not remove the builder container %s", container.id[:12])
-            client.close()
+            self._ensure_image()
+            done = self.engine.run(request, on_output=_log_output)
+        except EngineUnreachable as exc:
+            raise EnvironmentFailure(
+                exc.message,
+                hint="start dockerd or set DOCKER_HOST, or build on the host (--builder host)",
+            ) from exc
+        except ContainerStartFailed as exc:
+            raise EnvironmentFailure(
+                f"the builder image cannot start a container: {exc.detail}",
+                hint="a builder image needs /bin/sh, the venv's Python and a compiler: a "
+                "base with python3 and build-essential (Debian), or --builder host",
+            ) from exc
+        except EngineError as exc:
+            raise EnvironmentFailure(f"the builder container failed: {exc.message}") from exc
+        return done.exit_code, done.output
+
+
+def _log_output(text: str) -> None:
+    for line in text.splitlines():
+        log.debug("builder: %s", line)
 
 
 def _join(argv: Sequence[str]) -> str:

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from envbuild import registry
+from envbuild.engine import ContainerEngine
 from envbuild.errors import IntegrityError, RegistryUnreachable
 from envbuild.fsio import canonical_json
 from envbuild.oci import LayoutImage, open_layout
@@ -84,11 +85,13 @@ class RemoteCache:
         *,
         endpoint: Endpoint | None = None,
         transport: Transport | None = None,
+        engine: ContainerEngine | None = None,
         push: bool = True,
     ) -> None:
         self.repo = repo
         self.endpoint = endpoint or Endpoint()
         self._transport = transport
+        self._engine = engine  # for a transport chosen when first needed
         self.push = push
         self.stats = CacheStats()
         self._api: RegistryApi | None = None
@@ -107,7 +110,7 @@ class RemoteCache:
     @property
     def transport(self) -> Transport:
         if self._transport is None:
-            self._transport = registry.get_transport()
+            self._transport = registry.get_transport(engine=self._engine)
         return self._transport
 
     def ref(self, key: str) -> ImageRef:

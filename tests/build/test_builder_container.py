@@ -23,6 +23,7 @@ from envbuild.build import image
 from envbuild.build.layers import Layer
 from envbuild.build.manifest import BuiltLayer, stored_layer
 from envbuild.build.pipeline import load_lock
+from envbuild.engine import DockerEngine
 from envbuild.sourcebuild.container import ContainerBuilder
 from envbuild.sourcebuild.inputs import inputs_of
 from envbuild.sourcebuild.requests import build_requests
@@ -131,6 +132,7 @@ def test_a_source_build_runs_in_a_builder_container(
             store,
             layers=[*_base_layers(store, manifest), *layers],
             config=image.OciImageConfig(),
+            engine=DockerEngine(docker_host),
             base_env=env,
         )
         assert inputs_of(req, other.probe(cuda=False), other) == drv.inputs

@@ -6,11 +6,23 @@ import io
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
+from envbuild.engine import (
+    Auth,
+    ContainerEngine,
+    ContainerInfo,
+    DockerEngine,
+    Finished,
+    ImageInfo,
+    LoadedImage,
+    RunRequest,
+)
+from envbuild.errors import EngineError
 from envbuild.snapshot.docker import read_docker
 from envbuild.snapshot.redact import Redactor
 
@@ -54,11 +66,8 @@ def running_container(docker_host: str, tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_running_containers_and_their_images(
-    running_container: str, docker_host: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DOCKER_HOST", docker_host)
-    section = read_docker(Redactor())
+def test_running_containers_and_their_images(running_container: str, docker_host: str) -> None:
+    section = read_docker(Redactor(), DockerEngine(docker_host))
     assert section.available and section.server_version
     [c] = section.containers
     assert (c.name, c.id, c.image, c.status) == (
@@ -68,3 +77,49 @@ def test_running_containers_and_their_images(
         "running",
     )
     assert c.image_id.startswith("sha256:")
+
+
+class FakeEngine(ContainerEngine):
+    """An engine with two containers; the image of one cannot be inspected."""
+
+    host = "fake://"
+
+    def version(self) -> str | None:
+        return "27.0.0"
+
+    def containers(self) -> list[ContainerInfo]:
+        return [
+            ContainerInfo("z-web", "id2", "web:1", "sha256:bb", "running"),
+            ContainerInfo("a-vllm", "id1", "vllm:1", "sha256:aa", "running"),
+        ]
+
+    def inspect_image(self, ref: str) -> ImageInfo | None:
+        if ref == "sha256:bb":
+            raise EngineError("inspecting it failed", host=self.host)
+        return ImageInfo(ref, ["reg/vllm@sha256:2", "reg/vllm@sha256:1"])
+
+    def load(self, archive: Path) -> LoadedImage:
+        raise NotImplementedError
+
+    def run(
+        self, request: RunRequest, *, on_output: Callable[[str], None] | None = None
+    ) -> Finished:
+        raise NotImplementedError
+
+    def push(self, name: str, tag: str | None, auth: Auth | None) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def pull(self, name: str, tag: str | None, auth: Auth | None) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def save(self, ref: str, out: IO[bytes]) -> None:
+        raise NotImplementedError
+
+
+def test_the_section_from_an_engine_sorted_and_without_what_it_cannot_inspect() -> None:
+    section = read_docker(Redactor(), FakeEngine())
+    assert section.available and section.server_version == "27.0.0"
+    assert [(c.name, c.repo_digests) for c in section.containers] == [
+        ("a-vllm", ["reg/vllm@sha256:1", "reg/vllm@sha256:2"]),
+        ("z-web", []),
+    ]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from envbuild.engine import DockerEngine
 from envbuild.snapshot import Options, take_snapshot
 from envbuild.snapshot.cuda import read_toolkits
 from envbuild.snapshot.docker import read_docker
@@ -80,11 +81,8 @@ def test_without_systemd_the_section_says_so() -> None:
     assert (section.available, section.reason) == (False, "systemd is not running")
 
 
-def test_without_a_docker_engine_the_section_says_so(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
-    section = read_docker(Redactor())
+def test_without_a_docker_engine_the_section_says_so(tmp_path: Path) -> None:
+    section = read_docker(Redactor(), DockerEngine(f"unix://{tmp_path}/no.sock"))
     assert section.available is False
     assert section.reason is not None and section.reason.startswith("no Docker engine")
 
