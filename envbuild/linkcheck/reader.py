@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,12 @@ def default_cache() -> Path:
 
 @dataclass
 class Cache:
-    """Entries ``v<format>/<digest[:2]>/<digest>.json`` under ``root``; None: no caching."""
+    """Entries ``v<format>/<digest[:2]>/<digest>.json`` under ``root``; None: nothing kept on
+    disk. Facts put in this run are known for the rest of it either way (a wheel's members are
+    read before the check looks them up by digest)."""
 
     root: Path | None
+    _known: dict[str, ElfInfo | None] = field(default_factory=dict, repr=False, compare=False)
 
     def _entry(self, digest: str, kind: str = "json") -> Path | None:
         if self.root is None:
@@ -51,6 +54,8 @@ class Cache:
 
     def get(self, digest: str) -> tuple[bool, ElfInfo | None]:
         """(hit, the facts: None for a file that is not a host ELF object)."""
+        if digest in self._known:
+            return True, self._known[digest]
         entry = self._entry(digest)
         if entry is None:
             return False, None
@@ -79,6 +84,7 @@ class Cache:
         return frozenset(lines[1:-2])
 
     def put(self, digest: str, info: ElfInfo | None) -> None:
+        self._known[digest] = info
         entry = self._entry(digest)
         if entry is None:
             return

@@ -3,30 +3,33 @@
 A build never has the whole environment on disk at once (each layer is installed into its own
 staging root and packed), but every path a wheel installs is known from the wheel
 (:func:`envbuild.build.install.member_path`), and every path of the base from its layers' tar
-listings. So the check reads the wheels' ELF members — taken out into ``work`` only when the
-cache does not know them by their RECORD sha256 — and the names in the base's library folders.
+listings. So the check reads the wheels' ELF members — inflated in memory, hashed and parsed in
+the worker pool, only when the cache does not know them by their RECORD sha256; nothing is
+written to disk but a member that is not a readable ELF file — and the names in the base's
+library folders.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import posixpath
-import shutil
 import stat
 import tarfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from envbuild.build.install import VenvTarget, member_path
 from envbuild.build.layers import open_uncompressed
 from envbuild.errors import InputFileError
 from envbuild.linkcheck import SYSTEM_DIRS, Report, check_entries
+from envbuild.linkcheck.facts import ElfInfo
 from envbuild.linkcheck.reader import Cache
 
 #: Listing a base layer stops after this many members (a bound on a hostile layer).
@@ -156,35 +159,111 @@ def wheel_entries(
                 entries[env] = (None, digest)
                 pending.pop(env, None)
                 continue
-            entries[env] = (str(work / env.lstrip("/")), None)
             pending[env] = (wheel, member)
-    _take_out(pending, work)
+    entries.update(_read_members(pending, work, cache))
     return entries, names, owners
 
 
-def _take_out(pending: Mapping[str, tuple[Wheel, str]], work: Path) -> None:
-    """Inflate each ``{path in the image: (wheel, member)}`` to that path under ``work``, a
-    thread per core and wheel (zlib and the writes release the GIL), the biggest wheels first."""
-    by_wheel: dict[Path, tuple[Wheel, list[tuple[str, str]]]] = {}
+#: The largest wheel member the check reads into memory (a hostile header cannot claim more).
+MAX_MEMBER_BYTES = 8 << 30
+
+#: Members of one wheel are read in jobs of about this many bytes (each job opens the wheel
+#: once; the biggest members are jobs of their own).
+JOB_BYTES = 256 << 20
+
+_Job = tuple[str, tuple[str, ...]]
+_Result = tuple[str, dict[str, Any] | None, list[str], str | None, bytes | None]
+
+
+def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
+    """In a worker: for each member of one wheel, (sha256, ELF facts, exports, error, the bytes
+    when they are not a readable ELF file: they are then written out for the report)."""
+    from envbuild.linkcheck.elf import BadElf, is_elf, read_elf
+
+    path, members = job
+    out: list[_Result] = []
+    try:
+        zf = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        return [("", None, [], f"wheel: {exc}", None)]
+    with zf:
+        for member in members:
+            try:
+                if zf.getinfo(member).file_size > MAX_MEMBER_BYTES:
+                    raise zipfile.BadZipFile(f"{member} is over {MAX_MEMBER_BYTES >> 30} GiB")
+                data = zf.read(member)  # its CRC is checked at its end
+            except (OSError, zipfile.BadZipFile, KeyError, EOFError) as exc:
+                return [("", None, [], f"wheel: {exc}", None)]
+            digest = hashlib.sha256(data).hexdigest()
+            try:
+                info = read_elf(io.BytesIO(data)) if is_elf(data[:4]) else None
+            except BadElf:
+                out.append((digest, None, [], "bad", data))
+                continue
+            if info is None:
+                out.append((digest, None, [], None, None))
+            else:
+                out.append((digest, info.as_dict(), sorted(info.exports), None, None))
+    return out
+
+
+def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, list[str]]]:
+    """The pending members as (bytes, job, the image paths it reads), costliest first."""
+    by_wheel: dict[Path, list[tuple[str, str]]] = {}
     for env, (wheel, member) in pending.items():
-        by_wheel.setdefault(wheel.path, (wheel, []))[1].append((env, member))
-
-    def one(job: tuple[Wheel, list[tuple[str, str]]]) -> None:
-        wheel, members = job
+        by_wheel.setdefault(wheel.path, []).append((env, member))
+    jobs: list[tuple[int, _Job, list[str]]] = []
+    for path, members in by_wheel.items():
         try:
-            with zipfile.ZipFile(wheel.path) as zf:
-                for env, member in members:
-                    here = work / env.lstrip("/")
-                    here.parent.mkdir(parents=True, exist_ok=True)
-                    with zf.open(member) as src, here.open("wb") as dst:
-                        shutil.copyfileobj(src, dst, 1 << 20)
+            with zipfile.ZipFile(path) as zf:
+                sized = [(zf.getinfo(m).file_size, m, env) for env, m in members]
         except (OSError, zipfile.BadZipFile, KeyError) as exc:
-            raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
+            raise InputFileError(path.name, f"is not a readable wheel: {exc}") from None
+        sized.sort(reverse=True)
+        while sized:
+            take = 1
+            while take < len(sized) and sum(x[0] for x in sized[: take + 1]) <= JOB_BYTES:
+                take += 1
+            batch, sized = sized[:take], sized[take:]
+            job = (str(path), tuple(m for _, m, _ in batch))
+            jobs.append((sum(x[0] for x in batch), job, [env for _, _, env in batch]))
+    jobs.sort(key=lambda j: -j[0])
+    return jobs
 
-    jobs = sorted(by_wheel.values(), key=lambda j: -_size(j[0].path))
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1) or 1) as pool:
-        for _ in pool.map(one, jobs):
-            pass
+
+def _read_members(
+    pending: Mapping[str, tuple[Wheel, str]], work: Path, cache: Cache
+) -> dict[str, tuple[str | None, str | None]]:
+    """Read each ``{path in the image: (wheel, member)}`` straight from its wheel (inflated in
+    memory, hashed and parsed, in the worker pool, biggest first) into ``cache``: the entries
+    then name it by digest. A member that is not a readable ELF file is written under ``work``
+    for the check to report as it reports such a file on disk."""
+    from envbuild.snapshot import hashing
+
+    jobs = _jobs(pending)
+    if not jobs:
+        return {}
+    total = sum(size for size, _, _ in jobs)
+    workers = hashing.DEFAULT_WORKERS or os.cpu_count() or 1
+    processes = workers > 1 and len(jobs) > 1 and hashing.forkable() and total >= 64 << 20
+    results = hashing.run_jobs(
+        [job for _, job, _ in jobs], _read_job, workers=workers, processes=processes
+    )
+    entries: dict[str, tuple[str | None, str | None]] = {}
+    for (_, job, envs), rows in zip(jobs, results, strict=True):
+        if rows and rows[0][3] is not None and rows[0][3].startswith("wheel: "):
+            why = rows[0][3].removeprefix("wheel: ")
+            raise InputFileError(Path(job[0]).name, f"is not a readable wheel: {why}")
+        for env, (digest, data, exports, error, raw) in zip(envs, rows, strict=True):
+            if error is not None and raw is not None:
+                here = work / env.lstrip("/")
+                here.parent.mkdir(parents=True, exist_ok=True)
+                here.write_bytes(raw)
+                entries[env] = (str(here), None)
+                continue
+            cache.put(digest, ElfInfo.from_dict(data, frozenset(exports)) if data else None)
+            entries[env] = (None, digest)
+    return entries
 
 
 def _size(path: Path) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -172,3 +173,41 @@ def test_members_taken_out_in_parallel_are_the_last_wheels(tmp_path: Path) -> No
         assert digest is None and path is not None
         assert Path(path).read_bytes() == b"\x7fELF second"
         assert owners[env] == ("two", "2")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_elf_members_are_read_from_the_wheel_not_written_out(tmp_path: Path) -> None:
+    """A wheel's ELF members are inflated, hashed and read in memory: nothing lands under
+    ``work``, the entry names the member's own sha256, and its facts are known to the check
+    (also without a cache on disk)."""
+    from tests.linkcheck.test_rules import cc
+
+    so = cc(tmp_path / "_ext.so", "int ext(void) { return 1; }\n", "-Wl,--no-as-needed", "-lm")
+    data = so.read_bytes()
+    wheel, sha = make_wheel(tmp_path / "pkg.whl", {"pkg/_ext.so": data, "pkg/x.py": b"x = 1\n"})
+    for cache in (Cache(None), Cache(tmp_path / "cache")):
+        work = tmp_path / f"work-{cache.root is None}"
+        entries, names, _ = wheel_entries(
+            [Wheel("pkg", "1.0", wheel, sha)], VenvTarget(), work, cache
+        )
+        ((env, (path, digest)),) = entries.items()
+        assert env.endswith("/site-packages/pkg/_ext.so")
+        assert path is None and digest == hashlib.sha256(data).hexdigest()
+        assert not work.exists() or not any(work.rglob("*"))
+        hit, info = cache.get(digest)
+        assert hit and info is not None and "libm.so.6" in info.needed
+        assert any(n.endswith("/pkg/x.py") for n in names)
+
+
+def test_a_damaged_member_is_a_wheel_error(tmp_path: Path) -> None:
+    """A member whose bytes do not match its CRC: exit 2 naming the wheel, not a traceback."""
+    from envbuild.errors import InputFileError
+
+    body = b"\x7fELF" + bytes(range(256)) * 64
+    wheel, _ = make_wheel(tmp_path / "pkg.whl", {"pkg/_a.so": body})
+    raw = bytearray(wheel.read_bytes())
+    at = raw.index(b"\x7fELF")  # stored uncompressed by make_wheel (ZIP_STORED)
+    raw[at + 100] ^= 0xFF
+    wheel.write_bytes(bytes(raw))
+    with pytest.raises(InputFileError, match=r"pkg\.whl"):
+        wheel_entries([Wheel("pkg", "1.0", wheel, None)], VenvTarget(), tmp_path / "w", Cache(None))
