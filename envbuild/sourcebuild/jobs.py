@@ -1,5 +1,7 @@
 """How many compile jobs a source build runs (``MAX_JOBS``), and whether they fit in memory.
 
+The memory a build may use (:func:`build_memory_budget`: free memory, the cgroup's limit and
+``$ENVBUILD_BUILD_MEMORY``) and what one job needs (:func:`job_memory`) are here too.
 ``MAX_JOBS`` not pinned by the spec is chosen from the knowledge base's measured memory model of
 one compile job (``[[build_memory]]``), the available memory and the cores; a pinned one that
 would not fit is warned about at build start with a safe value. :func:`plan_jobs` gives the
@@ -10,21 +12,134 @@ derivation's meta, never in its key.
 from __future__ import annotations
 
 import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from envbuild.sourcebuild.checks import int_flags
 from envbuild.sourcebuild.requests import SourceBuildRequest
-from envbuild.sourcebuild.toolchain import (
-    JobMemory,
-    build_memory_budget,
-    cpu_count,
-    job_memory,
-    requested_archs,
-)
+from envbuild.sourcebuild.toolchain import requested_archs
 from envbuild.spec import knowledge
 
 log = logging.getLogger(__name__)
+
+#: flash-attn's own estimate: about 9 GB of memory per compile job at 4 nvcc threads.
+GB_PER_JOB_AT_4_THREADS = 9.0
+
+
+def available_memory_bytes() -> int:
+    """Memory a build may use: MemAvailable, capped by the cgroup's limit when there is one."""
+    avail = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        avail = 0
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            avail = min(avail or int(limit), max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+_SIZE = re.compile(r"^\s*(\d{1,15}(?:\.\d{1,6})?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``12GiB``, ``12G`` or ``12GB`` (10^9), ``1500MB``, ``12000000000`` -> a positive number
+    of bytes; ValueError otherwise."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    power = "kmgt".find(m.group(2).lower()) + 1 if m.group(2) else 0
+    if m.group(3) and not power:
+        raise ValueError(f"{text!r} is not a size (expected like 12GiB, 12GB or 12000000000)")
+    value = int(float(m.group(1)) * (1024 if m.group(3) else 1000) ** power)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not a positive size")
+    return value
+
+
+def build_memory_budget(env: Mapping[str, str] | None = None) -> int:
+    """Memory a source build may use: :func:`available_memory_bytes`, capped by
+    ``$ENVBUILD_BUILD_MEMORY`` (``12GiB``) when set: on a machine shared with other work the
+    memory free now is not all the build's to take."""
+    env = os.environ if env is None else env
+    avail = available_memory_bytes()
+    if value := env.get("ENVBUILD_BUILD_MEMORY"):
+        from envbuild.errors import UsageError
+
+        try:
+            cap = parse_size(value)
+        except ValueError as exc:
+            raise UsageError(
+                f"ENVBUILD_BUILD_MEMORY: {exc}", hint="set it like ENVBUILD_BUILD_MEMORY=12GiB"
+            ) from None
+        return min(avail, cap) if avail else cap
+    return avail
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def choose_max_jobs(
+    nvcc_threads: int,
+    *,
+    memory: int | None = None,
+    cores: int | None = None,
+    per_job: JobMemory | None = None,
+) -> int:
+    """Compile jobs that fit: ``per_job`` (default :func:`job_memory` without a model: ~9 GB
+    per job at 4 nvcc threads) into ``memory`` (default: what is available now), at most one
+    per core, at least one."""
+    memory = available_memory_bytes() if memory is None else memory
+    cores = cpu_count() if cores is None else cores
+    return (per_job or job_memory(nvcc_threads, 0)).jobs_that_fit(memory, cores)
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """What one compile job of a build needs, and where that figure comes from."""
+
+    per_job_bytes: int
+    source: str
+
+    def jobs_that_fit(self, memory: int, cores: int) -> int:
+        """Compile jobs that fit in ``memory``: at most one per core, at least one."""
+        return max(1, min(cores, memory // max(1, self.per_job_bytes)))
+
+
+def job_memory(
+    nvcc_threads: int, archs: int, *, gb_base: float | None = None, gb_per_arch: float | None = None
+) -> JobMemory:
+    """Peak memory of one compile job. nvcc's ``--threads T`` compiles min(T, archs) of a file's
+    archs at once, each its own cicc and ptxas, so a job needs ``gb_base + gb_per_arch *
+    min(T, archs)`` (a measured model from the knowledge base). Without one: flash-attn's own
+    rule, ~9 GB per job at 4 threads, scaled by threads."""
+    if gb_base is not None and gb_per_arch is not None:
+        at_once = max(1, min(max(1, nvcc_threads), max(1, archs)))
+        return JobMemory(
+            int((gb_base + gb_per_arch * at_once) * 1e9),
+            f"{gb_base:g} GB + {gb_per_arch:g} GB x {at_once} arch(s) at once "
+            f"(NVCC_THREADS={nvcc_threads}, {archs} arch(s))",
+        )
+    return JobMemory(
+        int(GB_PER_JOB_AT_4_THREADS * 1e9 * max(1, nvcc_threads) / 4),
+        f"flash-attn's estimate, ~{GB_PER_JOB_AT_4_THREADS:g} GB per job at 4 nvcc threads, "
+        f"scaled to {nvcc_threads}",
+    )
 
 
 class _Model(BaseModel):

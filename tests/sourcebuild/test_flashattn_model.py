@@ -22,7 +22,7 @@ from envbuild.errors import InputFileError, IntegrityError, ToolNotFound, UserEr
 from envbuild.fsio import sha256_file
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.inputs import SdistPatch, inputs_of, sdist_patches
-from envbuild.sourcebuild.jobs import plan_jobs
+from envbuild.sourcebuild.jobs import job_memory, plan_jobs
 from envbuild.sourcebuild.realise import realize
 from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, TorchRef
 from envbuild.sourcebuild.sdist import patch_sdist
@@ -30,7 +30,6 @@ from envbuild.sourcebuild.toolchain import (
     Nvcc,
     assemble_cuda_home,
     check_toolkit,
-    job_memory,
     nvcc_info,
     toolkit_home,
 )
@@ -349,7 +348,7 @@ def test_ninjas_lines_are_logged_as_progress(caplog: pytest.LogCaptureFixture) -
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=40) | st.from_regex(r"\s*\d{1,4}(\.\d{1,3})?\s*[kKmMgGtT]?i?[bB]?\s*"))
 def test_a_memory_budget_is_a_positive_size_or_a_clear_error(text: str) -> None:
-    from envbuild.sourcebuild.toolchain import parse_size
+    from envbuild.sourcebuild.jobs import parse_size
 
     try:
         value = parse_size(text)
@@ -363,10 +362,10 @@ def test_envbuild_build_memory_caps_what_max_jobs_is_chosen_from(
     sdists: Callable[[str], FileRef], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from envbuild.errors import UsageError
-    from envbuild.sourcebuild.toolchain import build_memory_budget, parse_size
+    from envbuild.sourcebuild.jobs import build_memory_budget, parse_size
 
     assert parse_size("12GiB") == 12 * 2**30 and parse_size("12G") == parse_size("12GB") == 12 * GB
-    monkeypatch.setattr("envbuild.sourcebuild.toolchain.available_memory_bytes", lambda: 24 * GB)
+    monkeypatch.setattr("envbuild.sourcebuild.jobs.available_memory_bytes", lambda: 24 * GB)
     assert build_memory_budget({}) == 24 * GB
     assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "12GiB"}) == 12 * 2**30
     assert build_memory_budget({"ENVBUILD_BUILD_MEMORY": "64GB"}) == 24 * GB  # never above free

@@ -19,9 +19,9 @@ from envbuild import proc
 from envbuild.errors import ToolNotFound, UserError
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.checks import ArchMissing
+from envbuild.sourcebuild.jobs import choose_max_jobs
 from envbuild.sourcebuild.realise import BuildFailed, BuildResult, add_wheel, realize
 from envbuild.sourcebuild.requests import FileRef
-from envbuild.sourcebuild.toolchain import choose_max_jobs
 from envbuild.store.core import Store
 
 GB = 10**9
