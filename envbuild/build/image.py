@@ -53,7 +53,8 @@ from envbuild.errors import (
     ToolNotFound,
 )
 from envbuild.fsio import atomic_writer, compact_json, write_atomic
-from envbuild.store.core import DIGEST_RE, Store, digest_hex
+from envbuild.store.blobs import DIGEST_RE, digest_hex
+from envbuild.store.core import Store
 
 log = logging.getLogger("envbuild.build.image")
 

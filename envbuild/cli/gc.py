@@ -9,6 +9,7 @@ from envbuild import scratch
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.store.core import Store, default_store
+from envbuild.store.gc import collect
 
 
 def register(sub: Any) -> None:
@@ -47,7 +48,7 @@ def verb_of(dry_run: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     store = Store(args.store) if args.store else default_store()
-    result = store.gc(dry_run=args.dry_run)
+    result = collect(store, dry_run=args.dry_run)
     swept = 0 if args.dry_run else scratch.sweep()
     if args.json:
         render.emit_json({"store": str(store.root), **result.as_dict(), "removed_scratch": swept})

@@ -20,6 +20,7 @@ from envbuild.sourcebuild.requests import (
     stored_outputs,
 )
 from envbuild.store.core import Store, default_store
+from envbuild.store.verify import verify
 
 
 def _store_flag(p: argparse.ArgumentParser) -> None:
@@ -214,7 +215,7 @@ def _verify(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more")
-    result = store.verify(repair=args.repair, workers=args.jobs)
+    result = verify(store, repair=args.repair, workers=args.jobs)
     if args.json:
         render.emit_json({"store": str(store.root), **result.as_dict()})
     else:

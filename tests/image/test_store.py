@@ -14,7 +14,10 @@ import time
 import pytest
 
 from envbuild.errors import IntegrityError, StoreError
+from envbuild.store import stamps
 from envbuild.store.core import Output, Store, default_store, derivation_key
+from envbuild.store.gc import collect
+from envbuild.store.verify import verify
 
 
 def blob_names_match_content(store: Store) -> bool:
@@ -94,7 +97,7 @@ def test_a_killed_writer_leaves_no_misnamed_blob(tmp_path):
     assert blob_names_match_content(store)
     leftovers = list(store.tmp.iterdir())
     assert len(leftovers) == 1 and leftovers[0].stat().st_size >= 1_000_000
-    result = store.gc()
+    result = collect(store)
     assert result.removed_temp == 1
     assert list(store.tmp.iterdir()) == []
 
@@ -168,12 +171,12 @@ def test_gc_keeps_what_roots_name_and_removes_the_rest(tmp_path):
     dropped = store.build("k", {"a": 2}, lambda: Output({"o": store.add_bytes(b"garbage")}))
     store.set_root("img", blobs=[lone, manifest], derivations=[kept.drv.key])
 
-    dry = store.gc(dry_run=True)
+    dry = collect(store, dry_run=True)
     assert dry.removed_blobs == [dropped.drv.outputs["o"]]
     assert dry.removed_derivations == [dropped.drv.key]
     assert store.has_blob(dropped.drv.outputs["o"])
 
-    done = store.gc()
+    done = collect(store)
     assert done.removed_blobs == dry.removed_blobs
     assert done.freed_bytes == len(b"garbage")
     assert not store.has_blob(dropped.drv.outputs["o"])
@@ -183,7 +186,7 @@ def test_gc_keeps_what_roots_name_and_removes_the_rest(tmp_path):
     assert done.kept_blobs == 5  # drv output, lone blob, manifest, its config and layer
 
     assert store.remove_root("img")
-    store.gc()
+    collect(store)
     assert list(store.blobs.iterdir()) == []
     assert store.derivations() == []
 
@@ -191,14 +194,14 @@ def test_gc_keeps_what_roots_name_and_removes_the_rest(tmp_path):
 def test_verify_finds_and_repairs_a_corrupt_blob(tmp_path):
     store = Store(tmp_path / "store")
     got = store.build("k", {}, lambda: Output({"o": store.add_bytes(b"good")}))
-    assert store.verify().ok
+    assert verify(store).ok
     path = store.blob_path(got.drv.outputs["o"])
     os.chmod(path, 0o644)
     path.write_bytes(b"evil")
-    report = store.verify(repair=True)
+    report = verify(store, repair=True)
     assert report.corrupt == [got.drv.outputs["o"]]
     assert report.broken == [got.drv.key]
-    assert store.verify().ok
+    assert verify(store).ok
     assert store.lookup(got.drv.key) is None
 
 
@@ -220,7 +223,7 @@ def test_a_full_disk_is_a_clear_store_error(tmp_path):
                 w.write(b"z" * 4096)
         assert [p.name for p in store.blobs.iterdir()] == [small.removeprefix("sha256:")]
         assert list(store.tmp.iterdir()) == []
-        assert store.verify().ok
+        assert verify(store).ok
     finally:
         subprocess.run(["umount", str(mount)], check=False)
 
@@ -278,11 +281,10 @@ def test_a_blob_is_hashed_again_only_when_its_stat_changed(tmp_path, monkeypatch
     digest = store.add_bytes(b"layer bytes" * 1000)
     path = store.blob_path(digest)
     hashed: list[object] = []
-    real = store._hash_file
-    monkeypatch.setattr(store, "_hash_file", lambda p: hashed.append(p) or real(p))
+    real = stamps.Stamps.hash
+    monkeypatch.setattr(stamps.Stamps, "hash", lambda self, p: hashed.append(p) or real(self, p))
     assert store.check_blob(digest) and hashed == []  # stamped when written
     fresh = Store(store.root)  # another process: reads the stamp file
-    monkeypatch.setattr(fresh, "_hash_file", lambda p: hashed.append(p) or real(p))
     assert fresh.check_blob(digest) and hashed == []
     os.link(path, tmp_path / "out-link")  # an output folder's hard link changes the ctime
     store.linked(digest)

@@ -19,6 +19,7 @@ from envbuild.errors import IntegrityError
 from envbuild.registry import Endpoint, parse_repo
 from envbuild.store.core import Output, Store, derivation_key
 from envbuild.store.remote import CachedStore, RemoteCache, cache_tag
+from envbuild.store.verify import verify
 
 pytestmark = pytest.mark.registry
 
@@ -109,7 +110,7 @@ def test_two_stores_sharing_a_cache_build_the_wheel_once(
     assert got_b.drv.outputs == got_a.drv.outputs
     assert got_b.drv.meta == {"file": "fastsum-1.0-py3-none-linux_x86_64.whl"}
     assert registry.uploads(mark) == []  # fetching uploads nothing
-    assert second.verify().ok
+    assert verify(second).ok
     wheel = second.blob_path(got_b.drv.outputs["wheel"])
     assert "sha256:" + hashlib.sha256(wheel.read_bytes()).hexdigest() == got_a.drv.outputs["wheel"]
     assert import_wheel(wheel, tmp_path / "site") == 42
