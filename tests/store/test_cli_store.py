@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import cext_lock, write_cext_spec
+from sourcebuild.conftest import cext_lock, store_state, write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
@@ -149,11 +150,17 @@ def test_add_wheel_refuses_a_wheel_that_cannot_work(
         res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store)
         assert res.exit_code == 2, res.stderr  # type: ignore[attr-defined]
         assert message in res.stderr, res.stderr  # type: ignore[attr-defined]
-    assert not (store / "drvs").exists() or not list((store / "drvs").iterdir())
+    # a refused wheel records nothing, and stores no wheel
+    assert store_state(Store(store)) == ([], [])
 
     res = cli("store", "add-wheel", spec, "fixture-cext", good, "--store", store, "--json")
     assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
-    assert res.json()["origin"] == "added"  # type: ignore[attr-defined]
+    added = res.json()  # type: ignore[attr-defined]
+    assert added["origin"] == "added"
+    # the same check sees the one that was accepted: its record, where the store keeps records
+    blobs, keys = store_state(Store(store))
+    assert keys == [added["key"]] and (store / "drv" / f"{added['key']}.json").is_file()
+    assert hashlib.sha256(good.read_bytes()).hexdigest() in blobs
 
 
 def _cuda_fixture(repo: Path, sdist: FileRef, python: str, env: dict[str, str]) -> Path:
