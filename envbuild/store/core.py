@@ -37,7 +37,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,18 +83,33 @@ class _Model(BaseModel):
 
 class Derivation(_Model):
     """The record of one built step: what went in (``inputs``), what came out (``outputs``: name ->
-    blob digest) and anything else the step wants to remember (``meta``, JSON)."""
+    blob digest), the other derivations it keeps alive (``references``: their keys) and anything
+    else the step wants to remember (``meta``, JSON).
+
+    What a record keeps through ``gc`` is what it says: its outputs and its references, nothing
+    found by reading a blob. ``references`` is not part of the key (the key is the inputs)."""
 
     store_format: int = STORE_FORMAT
     key: str
     kind: str
     inputs: dict[str, Any]
     outputs: dict[str, str] = Field(default_factory=dict)
+    references: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    def record_json(self) -> bytes:
+        """The record as it is written (``drv/<key>.json``, a remote cache's config blob):
+        canonical JSON, ``references`` left out when there are none, so that such a record is
+        the same bytes that stores without references have always held."""
+        data = self.model_dump(exclude=set() if self.references else {"references"})
+        return canonical_json(data).encode()
 
 
 class Root(_Model):
-    """What one output folder (or a user) keeps alive through ``gc``.
+    """What one output folder (or a user) keeps alive through ``gc``: every blob it needs, each
+    named (``blobs``: an image's manifest, config and every layer; ``gc`` reads no blob to find
+    more), and the derivations it keeps (``derivations``: keys; with their outputs and
+    references).
 
     A root of an output folder (``output``: its absolute path; ``image``: the digest it holds)
     lives as long as the folder holds that image, the way a Nix out-link does: ``gc`` drops it
@@ -118,10 +133,12 @@ def output_root_name(out: Path) -> str:
 
 @dataclass(frozen=True)
 class Output:
-    """What a builder returns to :meth:`Store.build`: blob digests by name, and metadata."""
+    """What a builder returns to :meth:`Store.build`: blob digests by name, metadata, and the
+    keys of the derivations its outputs need kept (see :attr:`Derivation.references`)."""
 
     outputs: Mapping[str, str]
     meta: Mapping[str, Any] = field(default_factory=dict)
+    references: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -183,21 +200,28 @@ class Store(BlobStore):
         inputs: Mapping[str, Any],
         outputs: Mapping[str, str],
         meta: Mapping[str, Any] | None = None,
+        references: Iterable[str] = (),
     ) -> Derivation:
-        """Record that derivation ``(kind, inputs)`` produced ``outputs`` (blobs already stored)."""
+        """Record that derivation ``(kind, inputs)`` produced ``outputs`` (blobs already stored)
+        and keeps the derivations ``references`` (keys) alive as long as it lives."""
         key = derivation_key(kind, inputs)
         for name, digest in outputs.items():
             if not self.has_blob(digest):
                 raise StoreError(f"output {name!r} of {kind} {key[:12]}: blob {digest} not stored")
+        refs = sorted(set(references) - {key})
+        for ref in refs:
+            if not KEY_RE.match(ref):
+                raise ValueError(f"{kind} {key[:12]} references {ref!r}: not a derivation key")
         drv = Derivation(
             key=key,
             kind=kind,
             inputs=json.loads(compact_json(dict(inputs))),
             outputs=dict(outputs),
+            references=refs,
             meta=json.loads(compact_json(dict(meta or {}))),
         )
         with self.session():
-            self._write_file(self.drvs / f"{key}.json", canonical_json(drv.model_dump()).encode())
+            self._write_file(self.drvs / f"{key}.json", drv.record_json())
         return drv
 
     def build(
@@ -217,7 +241,8 @@ class Store(BlobStore):
                     return Realized(drv, reused=True)
                 log.debug("%s %s: building", kind, key[:12])
                 out = builder()
-                return Realized(self.record(kind, inputs, out.outputs, out.meta), reused=False)
+                drv = self.record(kind, inputs, out.outputs, out.meta, out.references)
+                return Realized(drv, reused=False)
 
     def derivations(self) -> list[str]:
         """The keys of every derivation record here, sorted."""
@@ -236,10 +261,11 @@ class Store(BlobStore):
         image: str | None = None,
         files: Mapping[str, str] | None = None,
     ) -> Root:
-        """Make ``name`` keep ``blobs`` and ``derivations`` (and their outputs) alive; replaces
-        an earlier root of that name. Image manifests and indexes among ``blobs`` keep the config
-        and layers they name alive too. With ``output`` (and the ``image`` digest it holds) the
-        root lives only as long as that folder holds that image (see :class:`Root`)."""
+        """Make ``name`` keep ``blobs`` and ``derivations`` (with their outputs and references)
+        alive; replaces an earlier root of that name. Name every blob the root needs: for an
+        image its manifest, its config and each layer (``gc`` does not read a manifest to find
+        them). With ``output`` (and the ``image`` digest it holds) the root lives only as long
+        as that folder holds that image (see :class:`Root`)."""
         if not ROOT_NAME_RE.match(name):
             raise UsageError(
                 f"{name!r} is not a valid root name", hint="use letters, digits and . _ @ + -"

@@ -5,19 +5,27 @@ derivation records; output: a :class:`GcResult` saying what went (or, with ``dry
 go). A root of an output folder lives only while that folder holds the image it was made for
 (:func:`output_holds`), the way a Nix out-link does. ``collect`` takes the store's gc lock
 exclusively, so it waits until every running build's session has ended.
+
+What is live is what the records state, never what a blob holds: a root names each blob it
+needs (an image's manifest, its config and every layer) and the derivations it keeps; a live
+derivation keeps its outputs and the derivations it references (:func:`live`). A blob that
+happens to contain a digest keeps nothing. A store written before records had references gcs
+the same: its records reference nothing, and every root envbuild wrote names its image's config
+and layers beside the manifest.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from envbuild.store.blobs import DIGEST_RE, digest_hex, rmtree
+from envbuild.store.blobs import digest_hex, rmtree
 from envbuild.store.core import Derivation, Root, Store
 
 log = logging.getLogger(__name__)
@@ -55,9 +63,10 @@ class GcResult:
 def collect(store: Store, *, dry_run: bool = False) -> GcResult:
     """Remove every blob and derivation no root keeps alive, and leftover temp files.
 
-    Live: the blobs and derivations a root names; the outputs of live derivations; what a
-    live image manifest or index names; and every derivation whose outputs are all live
-    (cheap records that stay valid). Waits until no build holds a session.
+    Live: the blobs and derivations a root names; the outputs and the references of a live
+    derivation; and every derivation whose outputs are all live (cheap records that stay
+    valid). References are only what roots and records state: no blob is read to find more.
+    Waits until no build holds a session.
     """
     with store.gc_lock():
         roots = store.roots()
@@ -65,8 +74,6 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
         for name in stale_roots:
             log.info("root %s: %s no longer holds %s", name, roots[name].output, roots[name].image)
             del roots[name]
-        live_blobs: set[str] = set()
-        live_drvs: set[str] = set()
         records: dict[str, Derivation] = {}
         for key in store.derivations():
             try:
@@ -75,16 +82,7 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
                 )
             except (ValidationError, ValueError):
                 log.warning("derivation record %s is unreadable; removing it", key)
-        for root in roots.values():
-            live_blobs.update(root.blobs)
-            for key in root.derivations:
-                if key in records:
-                    live_drvs.add(key)
-                    live_blobs.update(records[key].outputs.values())
-        _follow_manifests(store, live_blobs)
-        for key, drv in records.items():
-            if drv.outputs and set(drv.outputs.values()) <= live_blobs:
-                live_drvs.add(key)
+        live_blobs, live_drvs = live(roots.values(), records)
         dead_drvs = sorted(set(store.derivations()) - live_drvs)
         dead_blobs: list[str] = []
         freed = 0
@@ -124,34 +122,36 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
     )
 
 
-def _follow_manifests(store: Store, live: set[str]) -> None:
-    """Add what live OCI/Docker manifests and indexes name (config, layers, manifests)."""
-    todo = list(live)
-    while todo:
-        digest = todo.pop()
-        path = store.blob_path(digest)
-        try:
-            if path.stat().st_size > 4 << 20:
+def live(roots: Iterable[Root], records: Mapping[str, Derivation]) -> tuple[set[str], set[str]]:
+    """The blob digests and derivation keys that ``roots`` keep alive, given every readable
+    derivation record by key. A reference to a record that is not here keeps nothing."""
+    blobs: set[str] = set()
+    drvs: set[str] = set()
+    todo: list[str] = []
+    for root in roots:
+        blobs.update(root.blobs)
+        todo.extend(root.derivations)
+
+    def drain() -> None:
+        while todo:
+            key = todo.pop()
+            if key in drvs or key not in records:
                 continue
-            with path.open("rb") as f:
-                if f.read(1) != b"{":
-                    continue
-            doc = json.loads(path.read_bytes())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict):
-            continue
-        named: list[Any] = []
-        if isinstance(doc.get("config"), dict):
-            named.append(doc["config"])
-        for key in ("layers", "manifests"):
-            if isinstance(doc.get(key), list):
-                named.extend(doc[key])
-        for desc in named:
-            d = desc.get("digest") if isinstance(desc, dict) else None
-            if isinstance(d, str) and DIGEST_RE.match(d) and d not in live:
-                live.add(d)
-                todo.append(d)
+            drvs.add(key)
+            blobs.update(records[key].outputs.values())
+            todo.extend(records[key].references)
+
+    drain()
+    # a record whose outputs are all kept stays too (it costs nothing and saves a rebuild), and
+    # so does what it references; that can make more records' outputs live, hence the loop
+    while more := [
+        key
+        for key, drv in records.items()
+        if key not in drvs and drv.outputs and set(drv.outputs.values()) <= blobs
+    ]:
+        todo.extend(more)
+        drain()
+    return blobs, drvs
 
 
 def output_holds(root: Root) -> bool:

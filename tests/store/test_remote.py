@@ -17,7 +17,7 @@ from support.registry import Registry
 
 from envbuild.errors import IntegrityError
 from envbuild.registry import Endpoint, parse_repo
-from envbuild.store.core import Output, Store, derivation_key
+from envbuild.store.core import Derivation, Output, Store, derivation_key
 from envbuild.store.remote import CachedStore, RemoteCache, cache_tag
 from envbuild.store.verify import verify
 
@@ -118,6 +118,24 @@ def test_two_stores_sharing_a_cache_build_the_wheel_once(
     # A third build on machine B is a plain local hit: the cache is not asked again.
     again = second.build("sourcebuild", inputs(flags), build_b)
     assert again.reused and build_b.runs == 0 and second.remote.stats.hits == [got_a.drv.key]
+
+
+def test_references_travel_with_the_record(registry: Registry, tmp_path: Path) -> None:
+    """A record's references (what gc keeps with it) come back from the cache as they went up;
+    a record without references is published as the bytes it always was."""
+    parent = derivation_key("sourcebuild", inputs(["-O3"]))
+    first = CachedStore(tmp_path / "a", cache_for(registry, "cache/references"))
+    got = first.build(
+        "layer",
+        {"wheel": parent},
+        lambda: Output({"layer": first.add_bytes(b"tar")}, references=[parent]),
+    )
+    second = CachedStore(tmp_path / "b", cache_for(registry, "cache/references"))
+    fetched = second.remote.fetch(second, got.drv.key)
+    assert fetched is not None and fetched.references == [parent]
+    assert (second.drvs / f"{got.drv.key}.json").read_bytes() == got.drv.record_json()
+    plain = Derivation(key="0" * 64, kind="k", inputs={}, outputs={})
+    assert b"references" not in plain.record_json()
 
 
 def test_other_inputs_miss_the_cache(registry: Registry, tmp_path: Path) -> None:
