@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from envbuild import scratch
@@ -10,6 +11,8 @@ from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.store.core import Store, default_store
 from envbuild.store.gc import collect
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:

@@ -18,6 +18,7 @@ Public API (stable; E, F, G and H build on it)::
         store.verified_path(digest)    # its path, or IntegrityError naming the fix
         store.set_root(output_root_name(out), blobs=[...], derivations=[key, ...],
                        output=out, image=digest, files={...})
+    store.find("3fa2")                 # derivation keys (or, "sha256:3fa2", blobs) by prefix
     envbuild.store.gc.collect(store, dry_run=True) -> GcResult
     envbuild.store.verify.verify(store, repair=False, workers=N) -> VerifyResult
 
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 ROOT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}$")
+_HEX_PREFIX_RE = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def default_store() -> Store:
@@ -248,6 +250,20 @@ class Store(BlobStore):
         """The keys of every derivation record here, sorted."""
         self._ensure()
         return sorted(p.name[: -len(".json")] for p in self.drvs.glob("*.json"))
+
+    def find(self, prefix: str) -> list[str]:
+        """What ``prefix`` can name, sorted: the derivation keys that start with it (hex
+        digits), or, for ``sha256:<hex digits>``, the digests of the blobs that start with it.
+        Anything else (an empty prefix, a name) matches nothing. More than one is for the
+        caller to call ambiguous."""
+        self._ensure()
+        blob = prefix.startswith("sha256:")
+        hex_part = prefix.removeprefix("sha256:")
+        if not _HEX_PREFIX_RE.match(hex_part):
+            return []
+        if blob:
+            return sorted(f"sha256:{p.name}" for p in self.blobs.glob(f"{hex_part}*"))
+        return sorted(p.name[: -len(".json")] for p in self.drvs.glob(f"{hex_part}*.json"))
 
     # -- roots -------------------------------------------------------------------------------
 

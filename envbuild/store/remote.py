@@ -34,7 +34,7 @@ from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Trans
 from envbuild.registry.layout import LayoutImage, add_blob, open_layout, write_artifact
 from envbuild.store.core import Derivation, Output, Realized, Store, derivation_key
 
-log = logging.getLogger("envbuild.store.remote")
+log = logging.getLogger(__name__)
 
 DERIVATION_TYPE = "application/vnd.envbuild.derivation.v1+json"
 OUTPUT_TYPE = "application/vnd.envbuild.output.v1"

@@ -105,3 +105,19 @@ def test_lookup_drops_a_corrupt_output_so_it_is_built_again(tmp_path):
     assert len(calls) == 2 and not again.reused
     assert store.read_blob(again.drv.outputs["o"]) == b"made"
     assert all(hashlib.sha256(p.read_bytes()).hexdigest() == p.name for p in store.blobs.iterdir())
+
+
+def test_find_names_derivations_and_blobs_by_prefix(tmp_path):
+    store = Store(tmp_path / "store")
+    keys = [store.record("k", {"n": n}, {}).key for n in range(40)]
+    common = max("0123456789abcdef", key=lambda c: sum(k.startswith(c) for k in keys))
+    assert store.find(common) == sorted(k for k in keys if k.startswith(common))
+    assert len(store.find(common)) > 1  # 40 keys over 16 first digits: some share one
+    assert store.find(keys[0]) == [keys[0]]
+    assert store.find(keys[0][:10]) == [keys[0]]
+    digest = store.add_bytes(b"blob")
+    assert store.find(digest[:12]) == [digest]
+    assert store.find(digest) == [digest]
+    assert store.find("sha256:") == [] and store.find("") == []
+    assert store.find("flash-attn") == [] and store.find("*") == [] and store.find("A1") == []
+    assert store.find(digest.removeprefix("sha256:")[:12]) == []  # a blob is not a derivation
