@@ -7,7 +7,8 @@ Public API (stable; E, F, G and H build on it)::
     key = derivation_key("layer", {"dists": [...], "compression": "zstd"})  # 64 hex digits
 
     with store.session():      # hold for a whole build: gc waits until every session ends
-        got = store.build("layer", inputs, builder)  # builder() -> Output(outputs=, meta=)
+        got = store.build("layer", inputs, builder)  # builder() -> Output(outputs=, meta=,
+                                                     #                    references=[key, ...])
         got.drv.outputs["layer"]       # "sha256:<hex>" of a blob; got.reused: was it cached
         with store.blob_writer() as w:  # stream bytes in; named by their digest on close
             w.write(b"...")
@@ -23,10 +24,11 @@ Public API (stable; E, F, G and H build on it)::
     envbuild.store.verify.verify(store, repair=False, workers=N) -> VerifyResult
 
 This module holds the records: a :class:`Derivation` (``drv/<key>.json``: kind, inputs, outputs
-by name, meta) under the key its inputs hash to, and a :class:`Root` (``roots/<name>.json``: what
-``gc`` keeps). The folder, the blobs and the lock protocol are :mod:`envbuild.store.blobs`'s;
-which blobs need a re-hash is :mod:`envbuild.store.stamps`'s; :mod:`envbuild.store.gc` removes
-what no root keeps and :mod:`envbuild.store.verify` hashes everything; a remote cache in front is
+by name, the derivations it references, meta) under the key its inputs hash to, and a
+:class:`Root` (``roots/<name>.json``: what ``gc`` keeps). The folder, the blobs and the lock
+protocol are :mod:`envbuild.store.blobs`'s; which blobs need a re-hash is
+:mod:`envbuild.store.stamps`'s; :mod:`envbuild.store.gc` removes what no root keeps and
+:mod:`envbuild.store.verify` hashes everything; a remote cache in front is
 :mod:`envbuild.store.remote`.
 """
 
