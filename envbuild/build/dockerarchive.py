@@ -25,7 +25,8 @@ from envbuild.build.ocilayout import index_json
 from envbuild.errors import ToolFailed
 from envbuild.fsio import atomic_writer, compact_json
 from envbuild.oci import OCI_LAYOUT
-from envbuild.store.core import Store, digest_hex
+from envbuild.store.blobs import digest_hex
+from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from envbuild.build import dockerarchive, image, layers, ocilayout
 from envbuild.build.plan import Plan
 from envbuild.errors import EnvironmentFailure, OutputError
 from envbuild.fsio import canonical_json, fsync_dir, write_atomic
-from envbuild.store.core import Root, Store, file_stamp, output_root_name
+from envbuild.store.core import Root, Store, output_root_name
+from envbuild.store.stamps import file_stamp
 
 log = logging.getLogger("envbuild.build.manifest")
 
@@ -251,7 +252,7 @@ def write_outputs(
 
 
 def output_files(out: Path, manifest: BuildManifest) -> dict[str, str]:
-    """The stat (:func:`envbuild.store.core.file_stamp`) of every file the build wrote into
+    """The stat (:func:`envbuild.store.stamps.file_stamp`) of every file the build wrote into
     ``out``, by path relative to it: what the folder's root records."""
     names = [MANIFEST_FILE, f"{OCI_DIR}/index.json", f"{OCI_DIR}/oci-layout"]
     if "docker_archive" in manifest.outputs:

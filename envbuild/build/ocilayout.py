@@ -23,7 +23,8 @@ from envbuild.build.tarwrite import CHUNK
 from envbuild.errors import IntegrityError, OutputError
 from envbuild.fsio import atomic_writer, compact_json, write_atomic
 from envbuild.oci import OCI_INDEX, OCI_LAYOUT
-from envbuild.store.core import Store, digest_hex
+from envbuild.store.blobs import digest_hex
+from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
 

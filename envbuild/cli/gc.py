@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from envbuild import scratch
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.store.core import Store, default_store
+from envbuild.store.gc import collect
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -47,7 +51,7 @@ def verb_of(dry_run: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     store = Store(args.store) if args.store else default_store()
-    result = store.gc(dry_run=args.dry_run)
+    result = collect(store, dry_run=args.dry_run)
     swept = 0 if args.dry_run else scratch.sweep()
     if args.json:
         render.emit_json({"store": str(store.root), **result.as_dict(), "removed_scratch": swept})

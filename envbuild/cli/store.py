@@ -4,6 +4,8 @@ store, and a full check of every blob."""
 from __future__ import annotations
 
 import argparse
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ from envbuild.sourcebuild.stored import (
     stored_outputs,
 )
 from envbuild.store.core import Store, default_store
+from envbuild.store.verify import verify
+
+log = logging.getLogger(__name__)
 
 
 def _store_flag(p: argparse.ArgumentParser) -> None:
@@ -89,8 +94,12 @@ def register(sub: Any) -> None:
     render.add_json_flag(ls)
     ls.set_defaults(func=_ls)
 
-    path = group.add_parser("path", help="print the stored wheel (or --log) of DIST or KEY")
-    path.add_argument("which", metavar="DIST|KEY")
+    path = group.add_parser(
+        "path",
+        help="print the stored wheel (or --log) of DIST or KEY (a prefix will do), or the path "
+        "of the blob sha256:DIGEST",
+    )
+    path.add_argument("which", metavar="DIST|KEY|sha256:DIGEST")
     path.add_argument("--log", action="store_true", help="the build log instead of the wheel")
     _store_flag(path)
     path.set_defaults(func=_path)
@@ -195,15 +204,20 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _path(args: argparse.Namespace) -> int:
     store = _store(args)
-    outputs = stored_outputs(store)
-    found = [o for o in outputs if o.key.startswith(args.which) or o.dist == args.which]
-    keys = {o.key for o in found}
-    if len(keys) != 1:
-        raise UsageError(
-            f"{args.which!r} names {len(keys)} stored builds",
-            hint="give the key (or a longer prefix): `envbuild store ls` lists them",
-        )
-    o = found[0]
+    if args.which.startswith("sha256:"):
+        blob = _one(args.which, store.find(args.which), "blobs", lambda d: d)
+        render.echo(str(store.blob_path(blob)))
+        return ExitCode.OK
+    outputs = {o.key: o for o in stored_outputs(store)}
+    keys = sorted(k for k, o in outputs.items() if o.dist == args.which)
+    keys = keys or [k for k in store.find(args.which) if k in outputs]
+    key = _one(
+        args.which,
+        keys,
+        "stored builds",
+        lambda k: f"{k[:12]} ({outputs[k].dist} {outputs[k].version})",
+    )
+    o = outputs[key]
     digest = o.log_digest if args.log else o.wheel_digest
     if digest is None:
         raise UsageError(f"{o.dist} {o.version} has no build log (it was added, not built here)")
@@ -211,11 +225,23 @@ def _path(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _one(which: str, found: list[str], what: str, name: Callable[[str], str]) -> str:
+    """The one thing ``which`` names; a usage error (exit 2) naming the candidates when it
+    names none or several."""
+    if len(found) == 1:
+        return found[0]
+    named = f": {', '.join(name(f) for f in found)}" if found else ""
+    raise UsageError(
+        f"{which!r} names {len(found)} {what}{named}",
+        hint="give the key (or a longer prefix): `envbuild store ls` lists them",
+    )
+
+
 def _verify(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: give 1 or more")
-    result = store.verify(repair=args.repair, workers=args.jobs)
+    result = verify(store, repair=args.repair, workers=args.jobs)
     if args.json:
         render.emit_json({"store": str(store.root), **result.as_dict()})
     else:

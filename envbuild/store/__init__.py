@@ -1,1 +1,3 @@
-"""The content-addressed store: blobs, derivations, gc, verify, the remote cache."""
+"""The content-addressed store: blobs (``blobs``), their stat stamps (``stamps``), derivation and
+root records (``core``), garbage collection (``gc``), a full check (``verify``) and a remote cache
+in an OCI registry (``remote``)."""

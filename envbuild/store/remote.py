@@ -31,13 +31,12 @@ from pydantic import ValidationError
 from envbuild import registry
 from envbuild.engine import ContainerEngine
 from envbuild.errors import IntegrityError, RegistryUnreachable
-from envbuild.fsio import canonical_json
 from envbuild.oci import LayoutImage, open_layout
 from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Transport
 from envbuild.registry.layout import add_blob, write_artifact
 from envbuild.store.core import Derivation, Output, Realized, Store, derivation_key
 
-log = logging.getLogger("envbuild.store.remote")
+log = logging.getLogger(__name__)
 
 DERIVATION_TYPE = "application/vnd.envbuild.derivation.v1+json"
 OUTPUT_TYPE = "application/vnd.envbuild.output.v1"
@@ -151,7 +150,7 @@ class RemoteCache:
             drv = self._check(image, key, ref)
             for desc in image.layers:
                 store.add_file(image.blob_path(desc), expected=desc.digest)
-            recorded = store.record(drv.kind, drv.inputs, drv.outputs, drv.meta)
+            recorded = store.record(drv.kind, drv.inputs, drv.outputs, drv.meta, drv.references)
         with self._lock:
             self.stats.hits.append(key)
             self.stats.bytes_fetched += result.size
@@ -205,7 +204,7 @@ class RemoteCache:
             write_artifact(
                 root,
                 artifact_type=DERIVATION_TYPE,
-                config=canonical_json(drv.model_dump()).encode(),
+                config=drv.record_json(),
                 layers=layers,
                 annotations={KEY_ANNOTATION: drv.key, KIND_ANNOTATION: drv.kind},
                 tag=ref.tag or "",
@@ -256,7 +255,7 @@ class CachedStore(Store):
                     return Realized(drv, reused=True)
                 log.debug("%s %s: building (not in the cache)", kind, key[:12])
                 out = builder()
-                drv = self.record(kind, inputs, out.outputs, out.meta)
+                drv = self.record(kind, inputs, out.outputs, out.meta, out.references)
                 self.remote.publish(self, drv)
                 return Realized(drv, reused=False)
 

@@ -23,7 +23,8 @@ from support.outputs import build_args, folder_image
 from support.project import write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.store.core import Store, file_stamp
+from envbuild.store.core import Store
+from envbuild.store.stamps import file_stamp
 
 Build = Callable[..., CliResult]
 

@@ -19,6 +19,7 @@ from support.wheels import make_wheel, ref
 from envbuild.build.install import WheelRef
 from envbuild.build.plan import BIG_BYTES
 from envbuild.store.core import Store
+from envbuild.store.gc import collect
 
 Build = Callable[..., CliResult]
 
@@ -153,7 +154,7 @@ def test_gc_keeps_what_the_image_needs(repo: Path, overlapping: list[WheelRef], 
     assert first.exit_code == 0, first.stderr
     store = Store(repo / "store")
     kinds_before = sorted(store.lookup(k).kind for k in store.derivations())  # type: ignore[union-attr]
-    store.gc()
+    collect(store)
     kinds_after = sorted(store.lookup(k).kind for k in store.derivations())  # type: ignore[union-attr]
     assert "overlaps" in kinds_after and kinds_after.count("layer") == kinds_before.count("layer")
     again = build(cli, repo, spec)

@@ -24,7 +24,8 @@ from envbuild.build.base.rootfs import base_from_output, import_image
 from envbuild.build.base.tarsafe import Limits
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
-from envbuild.store.core import DIGEST_RE, Output, Store, digest_hex
+from envbuild.store.blobs import DIGEST_RE, digest_hex
+from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sourcebuild.conftest import cext_lock, write_cext_spec
+from sourcebuild.conftest import cext_lock, store_state, write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
@@ -47,10 +48,10 @@ def test_plan_shows_flash_attn_flags_and_the_vllm_patch(
     assert patch["patched_version"].endswith(patch["key"][:10])
 
 
-def _lock_fixture(repo: Path, sdist: FileRef, python: str) -> Path:
-    spec = write_cext_spec(repo, python, 'env = { CEXT_GREETING = "from-the-spec" }\n')
+def _lock_fixture(repo: Path, sdist: FileRef, python: str, greeting: str = "from-the-spec") -> Path:
+    spec = write_cext_spec(repo, python, f'env = {{ CEXT_GREETING = "{greeting}" }}\n')
     loaded = load_spec(spec)
-    lock = cext_lock(loaded, sdist, python=python, env={"CEXT_GREETING": "from-the-spec"})
+    lock = cext_lock(loaded, sdist, python=python, env={"CEXT_GREETING": greeting})
     path = lock_path(loaded)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dumps(lock, spec_file="specs/cext-demo.toml"))
@@ -149,11 +150,65 @@ def test_add_wheel_refuses_a_wheel_that_cannot_work(
         res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store)
         assert res.exit_code == 2, res.stderr  # type: ignore[attr-defined]
         assert message in res.stderr, res.stderr  # type: ignore[attr-defined]
-    assert not (store / "drvs").exists() or not list((store / "drvs").iterdir())
+    # a refused wheel records nothing, and stores no wheel
+    assert store_state(Store(store)) == ([], [])
 
     res = cli("store", "add-wheel", spec, "fixture-cext", good, "--store", store, "--json")
     assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
-    assert res.json()["origin"] == "added"  # type: ignore[attr-defined]
+    added = res.json()  # type: ignore[attr-defined]
+    assert added["origin"] == "added"
+    # the same check sees the one that was accepted: its record, where the store keeps records
+    blobs, keys = store_state(Store(store))
+    assert keys == [added["key"]] and (store / "drv" / f"{added['key']}.json").is_file()
+    assert hashlib.sha256(good.read_bytes()).hexdigest() in blobs
+
+
+def test_path_names_one_build_or_says_which_it_could_mean(
+    cli: Callable[..., object],
+    repo: Path,
+    tmp_path: Path,
+    sdists: Callable[[str], FileRef],
+    python_version: str,
+) -> None:
+    """`store path` takes a dist, a key prefix or a blob digest prefix; one that names several
+    is exit 2 naming each candidate, one that names none is exit 2 too."""
+    store = tmp_path / "store"
+    wheel = make_wheel(tmp_path / "w", "fixture-cext", "1.0.0", {"fixture_cext/__init__.py": ""})
+    keys = []
+    for greeting in ("hello", "bonjour"):
+        spec = _lock_fixture(repo, sdists("cext"), python_version, greeting)
+        res = cli("store", "add-wheel", spec, "fixture-cext", wheel, "--store", store, "--json")
+        assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+        keys.append(res.json()["key"])  # type: ignore[attr-defined]
+    assert len(set(keys)) == 2
+
+    res = cli("store", "path", "fixture-cext", "--store", store)
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    err = res.stderr  # type: ignore[attr-defined]
+    assert "'fixture-cext' names 2 stored builds: " in err
+    assert all(f"{k[:12]} (fixture-cext 1.0.0)" in err for k in keys)
+    for key in keys:
+        res = cli("store", "path", key[:8], "--store", store)
+        assert res.exit_code == 0, res.stderr  # type: ignore[attr-defined]
+        assert Path(res.stdout.strip()).read_bytes() == wheel.read_bytes()  # type: ignore[attr-defined]
+    res = cli("store", "path", "no-such-dist", "--store", store)
+    assert res.exit_code == 2 and "names 0 stored builds" in res.stderr  # type: ignore[attr-defined]
+
+    # blobs by digest prefix: add blobs until two share a first digit (the same ones each run)
+    s = Store(store)
+    digests: list[str] = []
+    n = 0
+    while len({d[7] for d in digests}) == len(digests):
+        digests.append(s.add_bytes(f"blob {n}".encode()))
+        n += 1
+    first = next(d[7] for d in digests if sum(x[7] == d[7] for x in digests) > 1)
+    res = cli("store", "path", f"sha256:{first}", "--store", store)
+    assert res.exit_code == 2  # type: ignore[attr-defined]
+    for d in s.find(f"sha256:{first}"):
+        assert d in res.stderr  # type: ignore[attr-defined]
+    res = cli("store", "path", digests[-1][:20], "--store", store)
+    assert res.exit_code == 0  # type: ignore[attr-defined]
+    assert res.stdout.strip() == str(s.blob_path(digests[-1]))  # type: ignore[attr-defined]
 
 
 def _cuda_fixture(repo: Path, sdist: FileRef, python: str, env: dict[str, str]) -> Path:

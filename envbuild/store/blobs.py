@@ -1,0 +1,392 @@
+"""The store's folder and its blobs: bytes named by their sha256, written atomically, checked.
+
+Layout on disk (``STORE_FORMAT`` 1)::
+
+    <root>/format               "envbuild-store 1"
+    <root>/blobs/sha256/<hex>   content, named by its sha256 (mode 0444)
+    <root>/drv/<key>.json       derivation records (:mod:`envbuild.store.core`)
+    <root>/roots/<name>.json    roots: what gc keeps (:mod:`envbuild.store.core`, ``.gc``)
+    <root>/stamps/<hex>         the stat of a blob when its bytes were last hashed
+                                (:mod:`envbuild.store.stamps`)
+    <root>/locks/               per-derivation lock files and ``gc.lock``
+    <root>/tmp/                 files being written; renamed into blobs/ only when complete
+
+Every write goes to ``tmp/`` first, is fsynced, and is renamed into place only after its digest is
+known, so a killed writer never leaves a blob whose name is not its digest. A build holds a
+:meth:`BlobStore.session` (``locks/gc.lock`` shared) from its first lookup until its root is
+written; ``gc`` takes that lock exclusively, so it never removes what a running build made but
+has not rooted yet. Bytes read in full (:meth:`BlobStore.read_blob`) are always hashed; a blob
+handed out by path is checked through its stamp (:meth:`BlobStore.check_blob`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Self
+
+from envbuild.errors import IntegrityError, StoreError
+from envbuild.fsio import fsync_dir
+from envbuild.store.stamps import Stamps
+
+log = logging.getLogger(__name__)
+
+#: Bumped when the meaning of a derivation key or the layout changes; part of every key.
+STORE_FORMAT = 1
+CHUNK = 1 << 20
+DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def digest_hex(digest: str) -> str:
+    """The hex part of ``sha256:<hex>``; raises :class:`IntegrityError` on anything else."""
+    m = DIGEST_RE.match(digest)
+    if not m:
+        raise IntegrityError(f"{digest!r} is not a sha256 digest (expected sha256:<64 hex>)")
+    return m.group(1)
+
+
+def store_error(root: Path, exc: OSError, doing: str) -> StoreError:
+    """The :class:`StoreError` for an OS failure while ``doing`` something in the store
+    ``root``: a full disk says how to free space, anything else what to check."""
+    if exc.errno in _NO_SPACE:
+        return StoreError(
+            f"no space left on device while {doing} in the store {root}",
+            hint="free disk space (`envbuild gc` removes what no image uses) or move the store "
+            "with --store / $ENVBUILD_STORE",
+        )
+    return StoreError(
+        f"cannot use the store {root} while {doing}: {exc.strerror or exc}",
+        hint="check the directory's permissions, or choose another store with --store",
+    )
+
+
+class Flock:
+    """An ``flock`` on a file: shared or exclusive, released on exit (also by the kernel when the
+    process dies). ``what`` names what a blocked caller waits for, in the log."""
+
+    def __init__(self, path: Path, *, shared: bool, what: str) -> None:
+        self.path, self.shared, self.what = path, shared, what
+        self.fd = -1
+
+    def __enter__(self) -> Flock:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(self.fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for %s", self.what)
+            fcntl.flock(self.fd, op)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # closing the descriptor releases the lock
+        self.fd = -1
+
+
+class BlobWriter:
+    """Bytes written here become one blob. Use through :meth:`BlobStore.blob_writer`."""
+
+    def __init__(self, store: BlobStore, f: IO[bytes], tmp: Path) -> None:
+        self._store, self._f, self._tmp = store, f, tmp
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.digest = ""  # set when the block ends
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` to the blob (a full disk is a :class:`StoreError`)."""
+        self._hash.update(data)
+        try:
+            self._f.write(data)
+        except OSError as exc:
+            raise store_error(self._store.root, exc, "writing a blob") from exc
+        self.size += len(data)
+
+    def hexdigest(self) -> str:
+        """The sha256 (hex) of what was written so far."""
+        return self._hash.hexdigest()
+
+
+class BlobStore:
+    """The folder ``root`` of a store (created on first use) and the blobs in it. The
+    derivations and roots on top are :class:`envbuild.store.core.Store`'s."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).absolute()
+        self.blobs = self.root / "blobs" / "sha256"
+        self.drvs = self.root / "drv"
+        self.roots_dir = self.root / "roots"
+        self.locks = self.root / "locks"
+        self.tmp = self.root / "tmp"
+        self.stamps = self.root / "stamps"
+        self._stamped = Stamps(self.stamps)
+        self._session_depth = 0
+        self._session_lock: Flock | None = None
+        self._mutex = threading.RLock()
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # -- setup and locking -------------------------------------------------------------------
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+        try:
+            for d in (self.blobs, self.drvs, self.roots_dir, self.locks, self.tmp, self.stamps):
+                d.mkdir(parents=True, exist_ok=True)
+            marker = self.root / "format"
+            if marker.exists():
+                found = marker.read_text().strip()
+                if found != f"envbuild-store {STORE_FORMAT}":
+                    raise StoreError(
+                        f"{self.root} is a store of another format ({found!r}); this envbuild "
+                        f"writes format {STORE_FORMAT}",
+                        hint="use another store directory (--store) or upgrade envbuild",
+                    )
+            else:
+                self._write_file(marker, f"envbuild-store {STORE_FORMAT}\n".encode())
+        except OSError as exc:
+            raise store_error(self.root, exc, "creating its directories") from exc
+        self._ready = True
+
+    @property
+    def in_session(self) -> bool:
+        """Whether this process holds a :meth:`session` of the store."""
+        return self._session_depth > 0
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Self]:
+        """Hold the store against ``gc`` for the duration of the block (shared, re-entrant).
+
+        Wrap a whole build in it, from the first lookup until the image's root is written:
+        ``gc`` waits until no session is open, so nothing a build has made but not yet rooted is
+        removed under it.
+        """
+        self._ensure()
+        with self._mutex:
+            if self._session_depth == 0:
+                lock = Flock(self.locks / "gc.lock", shared=True, what="a store gc to finish")
+                lock.__enter__()
+                self._session_lock = lock
+            self._session_depth += 1
+        try:
+            yield self
+        finally:
+            with self._mutex:
+                self._session_depth -= 1
+                if self._session_depth == 0 and self._session_lock is not None:
+                    self._session_lock.__exit__(None, None, None)
+                    self._session_lock = None
+
+    def gc_lock(self) -> Flock:
+        """The exclusive lock ``gc`` holds: it waits until every session has ended."""
+        self._ensure()
+        if self.in_session:
+            raise StoreError("gc cannot run inside a session of the same store")
+        return Flock(self.locks / "gc.lock", shared=False, what="running builds to finish")
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    def blob_path(self, digest: str) -> Path:
+        """Where the blob ``sha256:<hex>`` lives (whether or not it exists). Never write to it."""
+        return self.blobs / digest_hex(digest)
+
+    def has_blob(self, digest: str) -> bool:
+        """Whether a file of that name is here (its bytes unchecked: see :meth:`check_blob`)."""
+        return self.blob_path(digest).is_file()
+
+    @contextlib.contextmanager
+    def blob_writer(self, *, expected: str | None = None) -> Iterator[BlobWriter]:
+        """Stream one blob in. When the block ends the bytes are fsynced and renamed to
+        ``blobs/sha256/<their digest>`` (``writer.digest``); an error or a kill leaves only a temp
+        file that ``gc`` removes. With ``expected`` a mismatch raises :class:`IntegrityError` and
+        stores nothing."""
+        with self.session():
+            try:
+                fd, name = tempfile.mkstemp(prefix="blob-", suffix=".tmp", dir=self.tmp)
+            except OSError as exc:
+                raise store_error(self.root, exc, "creating a temporary file") from exc
+            tmp = Path(name)
+            try:
+                with os.fdopen(fd, "wb", buffering=0) as f:
+                    writer = BlobWriter(self, f, tmp)
+                    yield writer
+                    try:
+                        os.fsync(f.fileno())
+                    except OSError as exc:
+                        raise store_error(self.root, exc, "writing a blob") from exc
+                hexd = writer.hexdigest()
+                digest = f"sha256:{hexd}"
+                if expected is not None and digest != expected:
+                    raise IntegrityError(
+                        f"content does not match its digest: expected {expected}, got {digest}",
+                        hint="the source changed or was corrupted; fetch it again",
+                    )
+                final = self.blobs / hexd
+                if self.check_blob(digest):  # the same bytes are here: keep their file (and
+                    writer.digest = digest  # the hard links of output folders to it)
+                    return
+                try:
+                    os.chmod(tmp, 0o444)
+                    os.replace(tmp, final)
+                    fsync_dir(self.blobs)
+                except OSError as exc:
+                    raise store_error(self.root, exc, "storing a blob") from exc
+                self._stamped.record(hexd, final)  # its bytes were hashed just now
+                writer.digest = digest
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    def add_bytes(self, data: bytes, *, expected: str | None = None) -> str:
+        """Store ``data``; returns its digest ``sha256:<hex>``. Bytes already stored (and
+        intact) are not written again."""
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        if (expected is None or digest == expected) and self.check_blob(digest):
+            return digest
+        with self.blob_writer(expected=expected) as w:
+            w.write(data)
+        return w.digest
+
+    def add_file(self, path: Path, *, expected: str | None = None) -> str:
+        """Copy the file at ``path`` into the store (streaming); returns its digest. When
+        ``expected`` is given and already stored, the file is not read at all."""
+        if expected is not None and self.check_blob(expected):
+            return expected
+        with self.blob_writer(expected=expected) as w, Path(path).open("rb") as src:
+            while chunk := src.read(CHUNK):
+                w.write(chunk)
+        return w.digest
+
+    def read_blob(self, digest: str) -> bytes:
+        """The bytes of a (small) blob, hashed on the way: a corrupt blob raises
+        :class:`IntegrityError`."""
+        try:
+            data = self.blob_path(digest).read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"blob {digest} is not in the store {self.root}") from None
+        if hashlib.sha256(data).hexdigest() != digest_hex(digest):
+            raise self.corrupt_error(digest)
+        return data
+
+    def open_blob(self, digest: str) -> IO[bytes]:
+        """The blob opened for reading (unchecked: check it first where that matters)."""
+        try:
+            return self.blob_path(digest).open("rb")
+        except FileNotFoundError:
+            raise StoreError(f"blob {digest} is not in the store {self.root}") from None
+
+    # -- blob integrity ----------------------------------------------------------------------
+
+    def check_blob(self, digest: str) -> bool:
+        """Whether blob ``digest`` is here and its bytes hash to its name. Cheap when the
+        blob's stat is what it was when its bytes were last hashed (see
+        :mod:`envbuild.store.stamps`); otherwise the blob is hashed again now."""
+        self._ensure()
+        hexd = digest_hex(digest)
+        return self._stamped.check(hexd, self.blobs / hexd)
+
+    def stamp(self, path: Path) -> None:
+        """Note that the blob file ``path`` was hashed just now and matched its name."""
+        self._stamped.record(path.name, path)
+
+    def hash_file(self, path: Path) -> str:
+        """The sha256 (hex) of the file at ``path``, read now."""
+        return self._stamped.hash(path)
+
+    def corrupt_error(self, digest: str, what: str = "") -> IntegrityError:
+        """The :class:`IntegrityError` for a blob whose bytes no longer match its name."""
+        return IntegrityError(
+            f"store blob {digest}{f' ({what})' if what else ''} no longer matches its digest: "
+            f"{self.blob_path(digest)} was changed or damaged",
+            hint="run `envbuild store verify --repair` (it drops what is broken; the next "
+            "build makes or fetches it again), then rerun",
+        )
+
+    def verified_path(self, digest: str, what: str = "") -> Path:
+        """The path of blob ``digest`` once :meth:`check_blob` says its bytes are right;
+        :class:`IntegrityError` (naming the blob, ``what`` it is, and the fix) when not."""
+        if not self.check_blob(digest):
+            if not self.has_blob(digest):
+                raise StoreError(f"blob {digest} is not in the store {self.root}")
+            raise self.corrupt_error(digest, what)
+        return self.blob_path(digest)
+
+    def linked(self, digest: str) -> None:
+        """Call after hard-linking blob ``digest`` somewhere: a new link changes the inode's
+        ctime, which alone must not make the next check re-hash it."""
+        hexd = digest_hex(digest)
+        self._stamped.linked(hexd, self.blobs / hexd)
+
+    def drop_blob(self, digest: str) -> None:
+        """Remove a (corrupt) blob and its stamp; what needs it is made or fetched again."""
+        hexd = digest_hex(digest)
+        self._stamped.forget(hexd)
+        (self.blobs / hexd).unlink(missing_ok=True)
+
+    def stale_stamps(self, kept: set[str]) -> list[Path]:
+        """The stamp files of blobs other than ``kept`` (hex digests)."""
+        return self._stamped.stale(kept)
+
+    # -- scratch space and small files -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def temp_dir(self, prefix: str = "work-") -> Iterator[Path]:
+        """A scratch directory inside the store (same file system as the blobs), removed after
+        the block; ``gc`` removes any that a killed process left behind."""
+        with self.session():
+            try:
+                path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmp))
+            except OSError as exc:
+                raise store_error(self.root, exc, "creating a scratch directory") from exc
+            try:
+                yield path
+            finally:
+                rmtree(path)
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        """Atomically write a small metadata file (temp in tmp/, fsync, rename)."""
+        tmp_dir = self.tmp if self.tmp.is_dir() else path.parent
+        try:
+            fd, name = tempfile.mkstemp(prefix="meta-", suffix=".tmp", dir=tmp_dir)
+        except OSError as exc:
+            raise store_error(self.root, exc, f"writing {path.name}") from exc
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(name, 0o644)
+            os.replace(name, path)
+        except OSError as exc:
+            raise store_error(self.root, exc, f"writing {path.name}") from exc
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+
+def rmtree(path: Path) -> None:
+    """Remove a file or a tree, read-only directories included."""
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        for dirpath, _dirs, _files in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(dirpath, 0o755)
+        shutil.rmtree(path, ignore_errors=True)
