@@ -23,8 +23,8 @@ MAX_ROOT = 10
 MAX_LINES = 500
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -35,9 +35,10 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def imports(path: Path, modules: set[str], lazy: bool) -> set[str]:
+def imports(path: Path, modules: set[str], lazy: bool, root: Path = ROOT) -> set[str]:
+    """The package modules ``path`` imports (at module level; ``lazy``: in functions too)."""
     tree = ast.parse(path.read_text(), str(path))
-    me = module_name(path)
+    me = module_name(path, root)
     is_pkg = path.name == "__init__.py"
     found: set[str] = set()
 
