@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.build.layers import Compression
-from envbuild.build.pipeline import COMPRESSION, BuilderOptions, BuildResult, build
+from envbuild.build.pipeline import BuilderOptions, BuildResult, build
+from envbuild.build.planner import COMPRESSION
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.push import add_registry_args, endpoint_from_args

@@ -16,7 +16,7 @@ from envbuild.build.dockerfile import (
     read_build_manifest,
     render_dockerfile,
 )
-from envbuild.build.pipeline import load_lock
+from envbuild.build.planner import load_lock
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.fsio import write_atomic
