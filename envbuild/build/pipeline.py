@@ -16,7 +16,7 @@ module of its own; this module runs them in order:
                installing them
     links   -> the image's link check (:mod:`.links`)
     image   -> config, manifest, OCI layout, SBOM and a ``docker load`` archive under the
-               output dir (:mod:`.manifest`, :mod:`.sbom`)
+               output dir (:mod:`.outputs`, :mod:`.sbom`)
     root    -> the store keeps what the image needs alive through ``gc``
 
 Every layer is a store derivation keyed by the plan's key, so an unchanged layer is neither
@@ -40,15 +40,8 @@ from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.layerbuild import build_layers
 from envbuild.build.links import link_check
-from envbuild.build.manifest import (
-    BaseResult,
-    BuildManifest,
-    BuiltLayer,
-    Sbom,
-    output_files,
-    stored_layer,
-    write_outputs,
-)
+from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer
+from envbuild.build.outputs import Sbom, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
 from envbuild.build.planner import (

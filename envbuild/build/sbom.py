@@ -32,7 +32,8 @@ from envbuild import __version__
 from envbuild.build import image
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
-from envbuild.build.manifest import SBOM_FILE, BuildManifest, Sbom
+from envbuild.build.manifest import BuildManifest
+from envbuild.build.outputs import SBOM_FILE, Sbom
 from envbuild.build.plan import Plan
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
@@ -301,7 +302,7 @@ def image_sbom(
     blobs (document, empty config, artifact manifest) made once per build manifest and kept in
     the store (a no-op rebuild reads no wheel). ``by_sha`` names the locked wheels by sha256,
     ``made`` the files of the wheels the build made (source builds, patches). Returns them and
-    the derivation's key; :func:`~envbuild.build.manifest.write_outputs` puts them into the
+    the derivation's key; :func:`~envbuild.build.outputs.write_outputs` puts them into the
     output folder."""
     created = image.created_for(lock.envbuild.exclude_newer)
     inputs = {
