@@ -10,25 +10,116 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import (
-    INSTALL_FORMAT,
-    VenvTarget,
-    WheelRef,
-    find_overlaps,
-    resolve_overlaps,
-    wheel_files,
-)
+from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
+from envbuild.build.wheelpaths import wheel_files
+from envbuild.errors import UserError
 from envbuild.fsio import canonical_json
 from envbuild.progress import Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Two distributions that install the same paths (with different bytes)."""
+
+    first: str
+    second: str
+    paths: tuple[str, ...]
+    winner: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "distributions": [self.first, self.second],
+            "paths": list(self.paths),
+            "winner": self.winner,
+        }
+
+
+class OverlapError(UserError):
+    """Two distributions write the same path and the spec does not say which one wins."""
+
+    def __init__(self, overlaps: Sequence[Overlap]) -> None:
+        first = overlaps[0]
+        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
+        super().__init__(
+            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
+            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
+            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
+            f'"{first.second}" (or the other way round)',
+        )
+        self.overlaps = list(overlaps)
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        for ov in self.overlaps:
+            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
+            out.extend(f"    {p}" for p in ov.paths[:40])
+            if len(ov.paths) > 40:
+                out.append(f"    … {len(ov.paths) - 40} more")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+def find_overlaps(files: Mapping[str, Mapping[str, str]]) -> list[Overlap]:
+    """Pairs of distributions that install one path with different (or unknown) content.
+
+    ``files`` maps a distribution name to :func:`wheel_files`' answer. The same path with the same
+    RECORD hash in both (an empty namespace ``__init__.py``) is not an overlap: order cannot
+    change the bytes.
+    """
+    owners: dict[str, list[tuple[str, str]]] = {}
+    for dist in sorted(files):
+        for path, digest in files[dist].items():
+            owners.setdefault(path, []).append((dist, digest))
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for path, who in owners.items():
+        for i, (a, ha) in enumerate(who):
+            for b, hb in who[i + 1 :]:
+                if ha and ha == hb:
+                    continue
+                pairs.setdefault((a, b), []).append(path)
+    return [Overlap(a, b, tuple(sorted(paths))) for (a, b), paths in sorted(pairs.items())]
+
+
+def resolve_overlaps(
+    overlaps: Sequence[Overlap], rules: Mapping[str, str]
+) -> tuple[list[Overlap], dict[str, frozenset[str]]]:
+    """Apply the spec's ``[image.overlaps]`` (``loser = winner``).
+
+    Returns the overlaps with their winner, and for each losing distribution the paths to leave
+    out of its layer. Raises :class:`OverlapError` for every pair no rule settles.
+    """
+    norm = {canonicalize_name(k): canonicalize_name(v) for k, v in rules.items()}
+    resolved: list[Overlap] = []
+    unresolved: list[Overlap] = []
+    remove: dict[str, set[str]] = {}
+    for ov in overlaps:
+        a, b = canonicalize_name(ov.first), canonicalize_name(ov.second)
+        winner = None
+        if norm.get(a) == b:
+            winner = ov.second
+        elif norm.get(b) == a:
+            winner = ov.first
+        if winner is None:
+            unresolved.append(ov)
+            continue
+        loser = ov.second if winner == ov.first else ov.first
+        remove.setdefault(loser, set()).update(ov.paths)
+        resolved.append(Overlap(ov.first, ov.second, ov.paths, winner))
+    if unresolved:
+        raise OverlapError(unresolved)
+    return resolved, {k: frozenset(v) for k, v in remove.items()}
 
 
 def overlap_report(

@@ -2,7 +2,7 @@
 
 A build never has the whole environment on disk at once (each layer is installed into its own
 staging root and packed), but every path a wheel installs is known from the wheel
-(:func:`envbuild.build.install.member_path`), and every path of the base from its layers' tar
+(:func:`envbuild.build.wheelpaths.member_path`), and every path of the base from its layers' tar
 listings. So the check reads the wheels' ELF members — taken out into ``work`` only when the
 cache does not know them by their RECORD sha256 — and the names in the base's library folders.
 """
@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild.build.install import VenvTarget, member_path
+from envbuild.build.install import VenvTarget
 from envbuild.build.layers import open_uncompressed
+from envbuild.build.wheelpaths import member_path
 from envbuild.errors import InputFileError
 from envbuild.linkcheck import SYSTEM_DIRS, Report, check_entries
 from envbuild.linkcheck.reader import Cache
