@@ -143,7 +143,7 @@ class StoreWheels(WheelProvider):
             return {}
         if inp.loaded is None:
             return None
-        from envbuild.build.plan import select_wheels
+        from envbuild.build.wheels import select_wheels
         from envbuild.sourcebuild.builder import HostBuilder
         from envbuild.sourcebuild.patches import KIND as PATCH_KIND
         from envbuild.sourcebuild.patches import PatchedWheel, patch_inputs
@@ -188,7 +188,7 @@ class StoreWheels(WheelProvider):
         if not wanted(inp):
             return {}
         from envbuild.build.fetch import fetch_wheels
-        from envbuild.build.plan import select_wheels
+        from envbuild.build.wheels import select_wheels
         from envbuild.sourcebuild.builder import HostBuilder
         from envbuild.sourcebuild.patches import realize_patch
         from envbuild.sourcebuild.realise import realize

@@ -5,7 +5,7 @@ The Dockerfile starts FROM the base (``debian:<suite>``, or an image pinned by t
 lock records), installs the Debian base lock's packages at their locked versions (the spec's
 apt packages when the lock pins none), then the lock's wheels with uv (``--require-hashes``) into
 the same venv, and sets the same env, command and labels as
-:func:`envbuild.build.plan.image_config`.
+:func:`envbuild.build.config.image_config`.
 It has no ``# syntax=`` line: that makes BuildKit fetch a frontend image, and the Dockerfile
 uses nothing the built-in frontends (BuildKit's and the classic builder's) lack.
 """
@@ -22,9 +22,10 @@ from pathlib import Path
 import jinja2
 from packaging.utils import canonicalize_name
 
+from envbuild.build.config import image_config
 from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
-from envbuild.build.plan import image_config, select_wheels
+from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError, UserError
 from envbuild.fsio import atomic_writer
 from envbuild.lock import Lock

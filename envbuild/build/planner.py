@@ -13,6 +13,7 @@ import logging
 from packaging.utils import canonicalize_name
 
 from envbuild.build import layers
+from envbuild.build.config import image_config
 from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef, uv_version
 from envbuild.build.plan import (
     IMAGE_BASE_LAYERS,
@@ -22,11 +23,10 @@ from envbuild.build.plan import (
     PlanDist,
     PlanLayer,
     PlanOptions,
-    image_config,
     key_of,
     layer_plan,
-    select_wheels,
 )
+from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
 from envbuild.fsio import sha256_file
 from envbuild.lock import Lock, find_lock, read_lock

@@ -46,7 +46,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from envbuild.build.plan import target_tags
+from envbuild.build.wheels import target_tags
 from envbuild.errors import (
     EnvironmentFailure,
     InputFileError,

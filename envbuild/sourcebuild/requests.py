@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from envbuild import scratch
 from envbuild.build.fetch import open_url
 from envbuild.build.install import WheelRef
-from envbuild.build.plan import PlannedDerivation, marker_env, select_wheels
+from envbuild.build.plan import PlannedDerivation
+from envbuild.build.wheels import marker_env, select_wheels
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError, UsageError
 from envbuild.fsio import atomic_writer, sha256_file
 from envbuild.lock.model import Lock
