@@ -89,7 +89,7 @@ def make_repo(work: Path, spec: Path, extra: str = "", lockfile: Path | None = N
 
 def envbuild_build(
     spec: Path, store: Path, out: Path, *, docker_archive: bool = True
-) -> tuple[build_mod.BuildResult, dict[str, float]]:
+) -> tuple[build_mod.ImageBuild, dict[str, float]]:
     """One build in-process with install and pack timed separately."""
     parts: dict[str, float] = {}
     real_install, real_pack = layerbuild.install, layerbuild.pack

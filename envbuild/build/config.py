@@ -13,7 +13,7 @@ import logging
 import shlex
 from collections.abc import Sequence
 
-from envbuild.build.plan import ImageConfig
+from envbuild.build.plan import PlanConfig
 from envbuild.errors import UserError
 from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
@@ -25,7 +25,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LABEL_PREFIX = "dev.envbuild"
 
 
-def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
+def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> PlanConfig:
     """Env, command and labels of the image. Nothing secret goes in: a ``${VAR}`` in
     ``[serve.env]`` is left for run time, and one anywhere else that would land in the image is an
     error."""
@@ -79,7 +79,7 @@ def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
                 )
     if any(SECRET_REF.search(cmd[i]) for i in run_time):
         cmd = run_time_command(cmd, run_time)
-    return ImageConfig(env=env, cmd=cmd, labels=labels, workdir=spec.image.workdir)
+    return PlanConfig(env=env, cmd=cmd, labels=labels, workdir=spec.image.workdir)
 
 
 def run_time_command(cmd: Sequence[str], secret: set[int]) -> list[str]:

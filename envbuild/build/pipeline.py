@@ -99,7 +99,11 @@ class BuilderOptions:
 
 
 @dataclass
-class BuildResult:
+class ImageBuild:
+    """What one ``envbuild build`` did: the plan (its provisional layers resolved once the
+    sources stage ran), the build manifest and output folder (None for a dry run), the source
+    builds and patches, which layers were made now and which came from the store."""
+
     manifest: BuildManifest | None
     plan: Plan
     output: Path | None
@@ -124,7 +128,7 @@ def build(
     docker_archive: bool = True,
     progress: Progress = NULL,
     builder: BuilderOptions | None = None,
-) -> BuildResult:
+) -> ImageBuild:
     """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``).
 
     The layers whose key the plan knows (base, venv, big distributions, groups, an unpatched
@@ -138,8 +142,8 @@ def build(
         plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
     out = output if output is not None else loaded.root / "images" / loaded.name
     if dry_run:
-        return BuildResult(None, plan, None, timings)
-    result = BuildResult(None, plan, out, timings)
+        return ImageBuild(None, plan, None, timings)
+    result = ImageBuild(None, plan, out, timings)
     with store.session():
         low = _lower(loaded, lock, plan, store, progress, result)
         built, blobs = low.built, low.blobs
@@ -261,7 +265,7 @@ def source_builder(
     lock, lock_hash = load_lock(loaded)
     plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
     with store.session():
-        low = _lower(loaded, lock, plan, store, progress, BuildResult(None, plan, None))
+        low = _lower(loaded, lock, plan, store, progress, ImageBuild(None, plan, None))
         return _builder(options, loaded, plan, store, low)
 
 
@@ -287,7 +291,7 @@ def _lower(
     plan: Plan,
     store: Store,
     progress: Progress,
-    result: BuildResult,
+    result: ImageBuild,
 ) -> _Lower:
     """fetch, base and the layers whose key the plan knows (everything but the provisional).
 
@@ -335,7 +339,7 @@ def _layers(
     store: Store,
     low: _Lower,
     progress: Progress,
-    result: BuildResult,
+    result: ImageBuild,
     defer_to: Future[Any] | None = None,
 ) -> None:
     """Install and pack ``todo`` (:func:`~envbuild.build.layerbuild.build_layers`) and record

@@ -109,8 +109,10 @@ class PlanOptions(_Model):
     groups: int = GROUPS
 
 
-class ImageConfig(_Model):
-    """The parts of the OCI image config that envbuild decides."""
+class PlanConfig(_Model):
+    """The parts of the OCI image config that envbuild decides (env, command, labels, workdir),
+    as the plan records them; the image's :class:`envbuild.build.image.ImageConfig` is this
+    merged over the base image's."""
 
     env: dict[str, str]
     cmd: list[str]
@@ -131,7 +133,7 @@ class Plan(_Model):
     options: PlanOptions
     base: PlanBase
     layers: list[PlanLayer]
-    config: ImageConfig
+    config: PlanConfig
     sources: list[PlannedDerivation] = Field(
         default_factory=list, description="source builds and patches, realized before the layers"
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.build.layers import Compression
-from envbuild.build.pipeline import BuilderOptions, BuildResult, build
+from envbuild.build.pipeline import BuilderOptions, ImageBuild, build
 from envbuild.build.planner import COMPRESSION
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
@@ -147,7 +147,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def _show_plan(result: BuildResult, store: Store) -> None:
+def _show_plan(result: ImageBuild, store: Store) -> None:
     plan = result.plan
     render.echo(f"plan for {plan.spec} (format {plan.format})")
     render.echo(f"  spec hash  {plan.spec_hash}")
@@ -181,7 +181,7 @@ def _show_plan(result: BuildResult, store: Store) -> None:
         render.echo(f"  env        {key}={value}")
 
 
-def _show_build(result: BuildResult) -> None:
+def _show_build(result: ImageBuild) -> None:
     assert result.manifest is not None and result.output is not None
     m = result.manifest
     for src in result.sources:
