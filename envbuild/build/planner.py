@@ -65,11 +65,14 @@ def target_of(loaded: LoadedSpec, lock: Lock) -> VenvTarget:
     )
 
 
-def pack_options(compression: layers.Compression) -> dict[str, str | int]:
-    """The pack stage's format and compression, as every layer's key holds them."""
+def pack_options(
+    compression: layers.Compression, compressor: str | None = None
+) -> dict[str, str | int]:
+    """The pack stage's format and compression, as every layer's key holds them; ``compressor``
+    names the compressor and its version (default: the one on this machine)."""
     return {
         "compression": compression.value,
-        "compressor": layers.compressor_id(compression),
+        "compressor": compressor or layers.compressor_id(compression),
         "tar": "gnu-sorted-1",
     }
 
@@ -86,16 +89,19 @@ def make_plan(
     lock_hash: str,
     compression: layers.Compression = COMPRESSION,
     installer: str | None = None,
+    compressor: str | None = None,
 ) -> Plan:
-    """The plan from the spec and its lock; reads nothing but them (and asks uv its version
-    unless ``installer`` names it: what ``uv --version`` says)."""
+    """The plan from the spec and its lock; reads nothing but them, ``$SOURCE_DATE_EPOCH`` and
+    the versions of the tools that make the layers, which are part of every layer's key: uv's
+    unless ``installer`` names it (what ``uv --version`` says), the compressor's unless
+    ``compressor`` does (see :func:`pack_options`)."""
     spec = loaded.spec
     meta = lock.envbuild
     target = target_of(loaded, lock)
     builds = {canonicalize_name(b.name): b for b in meta.builds}
     wheels = select_wheels(lock, skip=frozenset(builds))
     installer = installer or uv_version()
-    pack = pack_options(compression)
+    pack = pack_options(compression, compressor)
     sde = layers.source_date_epoch()
     base = _plan_base(loaded, lock, pack)
     top = []
