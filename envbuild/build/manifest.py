@@ -46,6 +46,8 @@ class _Model(BaseModel):
 
 
 class BuiltLayer(_Model):
+    """One layer of the image as built: its key, digests, size and what it holds."""
+
     name: str
     kind: str
     key: str = Field(description="the derivation key the layer is stored under ('' for a base)")
@@ -79,6 +81,7 @@ class SourceBuildRecord(_Model):
     target_ccs: list[str] = Field(default_factory=list)
 
     def audit_sass(self) -> list[str]:
+        """The SASS archs the audit found in the built wheel."""
         from envbuild.sourcebuild.audit import Audit
 
         return Audit.model_validate(self.audit).sass

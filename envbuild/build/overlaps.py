@@ -38,6 +38,7 @@ class Overlap:
     winner: str | None = None
 
     def as_dict(self) -> dict[str, object]:
+        """The overlap as the build manifest records it."""
         return {
             "distributions": [self.first, self.second],
             "paths": list(self.paths),
@@ -60,6 +61,7 @@ class OverlapError(UserError):
         self.overlaps = list(overlaps)
 
     def lines(self) -> list[str]:
+        """The error and every pair with (up to 40 of) its paths, for the CLI."""
         out = [self.message]
         for ov in self.overlaps:
             out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")

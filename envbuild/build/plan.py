@@ -46,6 +46,8 @@ class _Model(BaseModel):
 
 
 class PlanDist(_Model):
+    """One distribution a layer installs: its locked wheel."""
+
     name: str
     version: str
     filename: str
@@ -54,11 +56,13 @@ class PlanDist(_Model):
 
     @classmethod
     def of(cls, w: WheelRef) -> PlanDist:
+        """The plan's record of a locked wheel."""
         return cls(
             name=w.canonical, version=w.version, filename=w.filename, sha256=w.sha256, size=w.size
         )
 
     def ref(self, url: str) -> WheelRef:
+        """The wheel again, fetched from ``url``."""
         return WheelRef(self.name, self.version, self.filename, url, self.sha256, self.size)
 
 
@@ -66,6 +70,8 @@ LayerKind = Literal["base", "venv", "dist", "group", "top", "build", "patch"]
 
 
 class PlanLayer(_Model):
+    """One layer the plan will build above the base, with its derivation key and inputs."""
+
     name: str = Field(description="venv, the distribution's name, group-NN, …")
     kind: LayerKind
     key: str = Field(description="derivation key: sha256 of every input of the layer's bytes")
@@ -97,6 +103,8 @@ class PlannedDerivation(_Model):
 
 
 class PlanBase(_Model):
+    """The base the layers go on, with the key its layers are stored under."""
+
     kind: str
     description: str
     key: str
@@ -104,6 +112,8 @@ class PlanBase(_Model):
 
 
 class PlanOptions(_Model):
+    """How the layers are cut: the layer budget, what counts as big, how many groups."""
+
     max_layers: int = 60
     big_bytes: int = BIG_BYTES
     groups: int = GROUPS
@@ -122,6 +132,8 @@ class PlanConfig(_Model):
 
 
 class Plan(_Model):
+    """The whole build before any tarball: base, layers, config, source builds and patches."""
+
     format: Literal[1] = 1
     spec: str
     spec_hash: str
@@ -139,13 +151,16 @@ class Plan(_Model):
     )
 
     def layer(self, name: str) -> PlanLayer:
+        """The layer named ``name``."""
         return next(layer for layer in self.layers if layer.name == name)
 
     def with_layers(self, layers: Sequence[PlanLayer]) -> Plan:
+        """This plan with other layers (provisional ones resolved)."""
         return self.model_copy(update={"layers": list(layers)})
 
 
 def key_of(kind: str, inputs: Mapping[str, Any]) -> str:
+    """The store's derivation key of ``inputs`` for a derivation of ``kind``."""
     return derivation_key(kind, inputs)
 
 

@@ -41,6 +41,7 @@ def _platforms(platform: str) -> list[str]:
 
 
 def marker_env(python_version: str, platform: str) -> dict[str, str]:
+    """The environment markers of the image's CPython on ``platform`` (PEP 508)."""
     arch = "aarch64" if platform.endswith("aarch64") else "x86_64"
     return {
         "python_version": python_version,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 from collections.abc import Collection
@@ -25,6 +26,8 @@ from envbuild.store.core import Store, default_store
 from envbuild.store.remote import CachedStore
 
 DEFAULT_SPEC = "specs/quickstart.toml"
+
+log = logging.getLogger(__name__)
 
 
 def add_builder_args(p: argparse.ArgumentParser) -> None:

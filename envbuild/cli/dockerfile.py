@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.spec import load_spec
 from envbuild.store.core import Store, default_store
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
