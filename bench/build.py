@@ -40,7 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from envbuild.build import layers  # noqa: E402
+from envbuild.build import layerbuild, layers, planner  # noqa: E402
 from envbuild.build import pipeline as build_mod  # noqa: E402
 from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
 from envbuild.build.install import VenvTarget, install  # noqa: E402
@@ -89,10 +89,10 @@ def make_repo(work: Path, spec: Path, extra: str = "", lockfile: Path | None = N
 
 def envbuild_build(
     spec: Path, store: Path, out: Path, *, docker_archive: bool = True
-) -> tuple[build_mod.BuildResult, dict[str, float]]:
+) -> tuple[build_mod.ImageBuild, dict[str, float]]:
     """One build in-process with install and pack timed separately."""
     parts: dict[str, float] = {}
-    real_install, real_pack = build_mod.install, build_mod.pack
+    real_install, real_pack = layerbuild.install, layerbuild.pack
 
     def install_timed(*a: Any, **kw: Any) -> Any:
         with timed(parts, "install"):
@@ -102,7 +102,7 @@ def envbuild_build(
         with timed(parts, "pack"):
             return real_pack(*a, **kw)
 
-    build_mod.install, build_mod.pack = install_timed, pack_timed  # type: ignore[assignment]
+    layerbuild.install, layerbuild.pack = install_timed, pack_timed  # type: ignore[assignment]
     try:
         start = time.perf_counter()
         result = build_mod.build(
@@ -110,7 +110,7 @@ def envbuild_build(
         )
         parts["total"] = time.perf_counter() - start
     finally:
-        build_mod.install, build_mod.pack = real_install, real_pack  # type: ignore[assignment]
+        layerbuild.install, layerbuild.pack = real_install, real_pack  # type: ignore[assignment]
     for key, value in result.timings.items():
         parts[f"stage:{key}"] = value
     return result, parts
@@ -223,8 +223,8 @@ def bench_envbuild(
 def biggest_dist_tree(spec: Path, store_dir: Path, work: Path) -> tuple[Path, str]:
     """Install the biggest planned distribution into a fresh staging tree."""
     loaded = load_spec(spec)
-    lock, lock_hash = build_mod.load_lock(loaded)
-    plan = build_mod.make_plan(loaded, lock, lock_hash=lock_hash)
+    lock, lock_hash = planner.load_lock(loaded)
+    plan = planner.make_plan(loaded, lock, lock_hash=lock_hash)
     big = max((x for x in plan.layers if x.dists), key=lambda x: x.wheel_bytes)
     store = Store(store_dir)
     root = work / "pack-tree"
@@ -341,7 +341,7 @@ def bench_docker(spec: Path, work: Path, bump: tuple[str, str]) -> dict[str, Any
 
         def render(path: Path) -> None:
             loaded = load_spec(path)
-            lock, lock_hash = build_mod.load_lock(loaded)
+            lock, lock_hash = planner.load_lock(loaded)
             text = render_dockerfile(loaded, lock, lock_hash=lock_hash, lock_file="lock").text
             (ctx / "Dockerfile").write_text(text)
 

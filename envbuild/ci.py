@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class BuildOutput(Protocol):
-    """What the CI needs of a build's result (:class:`envbuild.build.pipeline.BuildResult`)."""
+    """What the CI needs of a build's result (:class:`envbuild.build.pipeline.ImageBuild`)."""
 
     output: Path | None
     reused: list[str]

@@ -5,7 +5,7 @@ The Dockerfile starts FROM the base (``debian:<suite>``, or an image pinned by t
 lock records), installs the Debian base lock's packages at their locked versions (the spec's
 apt packages when the lock pins none), then the lock's wheels with uv (``--require-hashes``) into
 the same venv, and sets the same env, command and labels as
-:func:`envbuild.build.plan.image_config`.
+:func:`envbuild.build.config.image_config`.
 It has no ``# syntax=`` line: that makes BuildKit fetch a frontend image, and the Dockerfile
 uses nothing the built-in frontends (BuildKit's and the classic builder's) lack.
 """
@@ -13,25 +13,31 @@ uses nothing the built-in frontends (BuildKit's and the classic builder's) lack.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import jinja2
 from packaging.utils import canonicalize_name
 
 from envbuild import templates
+from envbuild.build.config import image_config
 from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
-from envbuild.build.plan import image_config, select_wheels
+from envbuild.build.planner import load_lock
+from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError, UserError
-from envbuild.fsio import atomic_writer
-from envbuild.lock import Lock
+from envbuild.fsio import atomic_writer, write_atomic
+from envbuild.lock import Lock, find_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store
+
+log = logging.getLogger(__name__)
 
 #: Where ``envbuild dockerfile -o FILE`` puts the wheels envbuild built or patched, beside FILE;
 #: the Dockerfile COPYs them from there (the build context is FILE's folder).
@@ -53,10 +59,47 @@ class StoreWheel:
 
 @dataclass(frozen=True)
 class Dockerfile:
+    """A rendered Dockerfile: its text, what it starts FROM, the requirement lines it installs
+    and the wheels its build context must hold (:data:`WHEELS_DIR`)."""
+
     text: str
     base: str
     requirements: list[str]
     wheels: list[StoreWheel] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``envbuild dockerfile --json`` prints."""
+        return {
+            "base": self.base,
+            "requirements": self.requirements,
+            "dockerfile": self.text,
+            "wheels": [asdict(w) for w in self.wheels],
+        }
+
+
+def make_dockerfile(
+    loaded: LoadedSpec, *, store: Store, build: Path | None = None, output: Path | None = None
+) -> Dockerfile:
+    """The Dockerfile of ``loaded`` and its lock (:func:`render_dockerfile`). A spec with source
+    builds or patches installs the wheels of its last ``envbuild build``, whose output folder is
+    ``build`` (default ``<repo>/images/<spec-name>``) and whose wheels ``store`` holds. With
+    ``output``, the Dockerfile is written there and its build context beside it: a rootfs base's
+    tarball in :data:`BASE_DIR`, the store's wheels in :data:`WHEELS_DIR`."""
+    lock, lock_hash = load_lock(loaded)
+    manifest = read_build_manifest(build or loaded.root / "images" / loaded.name)
+    result = render_dockerfile(
+        loaded,
+        lock,
+        lock_hash=lock_hash,
+        lock_file=loaded.display(find_lock(loaded)),
+        manifest=manifest,
+    )
+    if output is not None:
+        copy_base(loaded, output.parent / BASE_DIR)
+        if result.wheels:
+            copy_wheels(store, result.wheels, output.parent / WHEELS_DIR)
+        write_atomic(output, result.text)
+    return result
 
 
 def store_wheels(

@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import sys
-import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -28,10 +27,10 @@ from pathlib import Path, PurePosixPath
 from packaging.utils import canonicalize_name
 
 from envbuild import proc, scratch
-from envbuild.errors import InputFileError, IntegrityError, ToolFailed, UserError
+from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.fsio import record_digest
 
-log = logging.getLogger("envbuild.build.install")
+log = logging.getLogger(__name__)
 
 #: Bumped whenever the installed tree for the same inputs would change.
 INSTALL_FORMAT = 1
@@ -103,173 +102,6 @@ class VenvTarget:
             "python_version": self.python_version,
             "platform": self.platform,
         }
-
-
-# --- which paths a wheel will write -----------------------------------------------------------
-
-
-def wheel_files(wheel: Path, target: VenvTarget) -> dict[str, str]:
-    """Every path the wheel installs, relative to the venv, with its RECORD hash ('' if none).
-
-    Read from the wheel's RECORD and entry points, before anything is installed, so overlaps
-    between distributions are found without letting install order decide.
-    """
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = zf.namelist()
-            record = next((n for n in names if _is_dist_info(n, "RECORD")), None)
-            entry = next((n for n in names if _is_dist_info(n, "entry_points.txt")), None)
-            rows = _read_csv(zf.read(record).decode()) if record else [[n] for n in names]
-            entry_text = zf.read(entry).decode() if entry else ""
-    except (OSError, zipfile.BadZipFile, KeyError, UnicodeDecodeError) as exc:
-        raise InputFileError(wheel.name, f"is not a readable wheel: {exc}") from None
-    out: dict[str, str] = {}
-    for row in rows:
-        if not row or row[0].endswith("/"):
-            continue
-        path = _install_path(row[0], target)
-        if path is not None:
-            out[path] = row[1] if len(row) > 1 else ""
-    for script in _console_scripts(entry_text):
-        out[f"bin/{script}"] = ""
-    return out
-
-
-def _is_dist_info(name: str, leaf: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and parts[0].endswith(".dist-info") and parts[1] == leaf
-
-
-def member_path(member: str, target: VenvTarget) -> str | None:
-    """Where a wheel's member lands, relative to the venv (None: a scheme uv does not install)."""
-    return _install_path(member, target)
-
-
-def _install_path(member: str, target: VenvTarget) -> str | None:
-    parts = PurePosixPath(member).parts
-    if not parts:
-        return None
-    if parts[0].endswith(".data") and len(parts) > 2:
-        scheme, rest = parts[1], PurePosixPath(*parts[2:])
-        if scheme in ("purelib", "platlib"):
-            return f"{target.site_packages}/{rest}"
-        if scheme == "scripts":
-            return f"bin/{rest}"
-        if scheme == "headers":
-            return f"include/site/python{target.python_version}/{rest}"
-        if scheme == "data":
-            return str(rest)
-        return None
-    return f"{target.site_packages}/{PurePosixPath(*parts)}"
-
-
-def _console_scripts(entry_points: str) -> list[str]:
-    names: list[str] = []
-    section = ""
-    for raw in entry_points.splitlines():
-        line = raw.strip()
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1].strip()
-        elif "=" in line and section in ("console_scripts", "gui_scripts"):
-            names.append(line.split("=", 1)[0].strip())
-    return names
-
-
-# --- overlaps --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """Two distributions that install the same paths (with different bytes)."""
-
-    first: str
-    second: str
-    paths: tuple[str, ...]
-    winner: str | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "distributions": [self.first, self.second],
-            "paths": list(self.paths),
-            "winner": self.winner,
-        }
-
-
-class OverlapError(UserError):
-    """Two distributions write the same path and the spec does not say which one wins."""
-
-    def __init__(self, overlaps: Sequence[Overlap]) -> None:
-        first = overlaps[0]
-        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
-        super().__init__(
-            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
-            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
-            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
-            f'"{first.second}" (or the other way round)',
-        )
-        self.overlaps = list(overlaps)
-
-    def lines(self) -> list[str]:
-        out = [self.message]
-        for ov in self.overlaps:
-            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
-            out.extend(f"    {p}" for p in ov.paths[:40])
-            if len(ov.paths) > 40:
-                out.append(f"    … {len(ov.paths) - 40} more")
-        if self.hint:
-            out.append(f"hint: {self.hint}")
-        return out
-
-
-def find_overlaps(files: Mapping[str, Mapping[str, str]]) -> list[Overlap]:
-    """Pairs of distributions that install one path with different (or unknown) content.
-
-    ``files`` maps a distribution name to :func:`wheel_files`' answer. The same path with the same
-    RECORD hash in both (an empty namespace ``__init__.py``) is not an overlap: order cannot
-    change the bytes.
-    """
-    owners: dict[str, list[tuple[str, str]]] = {}
-    for dist in sorted(files):
-        for path, digest in files[dist].items():
-            owners.setdefault(path, []).append((dist, digest))
-    pairs: dict[tuple[str, str], list[str]] = {}
-    for path, who in owners.items():
-        for i, (a, ha) in enumerate(who):
-            for b, hb in who[i + 1 :]:
-                if ha and ha == hb:
-                    continue
-                pairs.setdefault((a, b), []).append(path)
-    return [Overlap(a, b, tuple(sorted(paths))) for (a, b), paths in sorted(pairs.items())]
-
-
-def resolve_overlaps(
-    overlaps: Sequence[Overlap], rules: Mapping[str, str]
-) -> tuple[list[Overlap], dict[str, frozenset[str]]]:
-    """Apply the spec's ``[image.overlaps]`` (``loser = winner``).
-
-    Returns the overlaps with their winner, and for each losing distribution the paths to leave
-    out of its layer. Raises :class:`OverlapError` for every pair no rule settles.
-    """
-    norm = {canonicalize_name(k): canonicalize_name(v) for k, v in rules.items()}
-    resolved: list[Overlap] = []
-    unresolved: list[Overlap] = []
-    remove: dict[str, set[str]] = {}
-    for ov in overlaps:
-        a, b = canonicalize_name(ov.first), canonicalize_name(ov.second)
-        winner = None
-        if norm.get(a) == b:
-            winner = ov.second
-        elif norm.get(b) == a:
-            winner = ov.first
-        if winner is None:
-            unresolved.append(ov)
-            continue
-        loser = ov.second if winner == ov.first else ov.first
-        remove.setdefault(loser, set()).update(ov.paths)
-        resolved.append(Overlap(ov.first, ov.second, ov.paths, winner))
-    if unresolved:
-        raise OverlapError(unresolved)
-    return resolved, {k: frozenset(v) for k, v in remove.items()}
 
 
 # --- installing -------------------------------------------------------------------------------

@@ -11,26 +11,26 @@ distribution (torch, nvidia-*, triton … whose wheel is at least ``big_bytes``)
 own, so two images share it; the small ones in ``groups`` buckets chosen by a hash of the name (a
 package bumped or added moves no other package); vLLM, patched and source-built distributions on
 top. The whole stays within the spec's layer budget (``[image] max_layers``, default 60).
+
+The wheels are chosen by :mod:`envbuild.build.wheels`, the image config by
+:mod:`envbuild.build.config`; :func:`envbuild.build.planner.make_plan` puts a plan together.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shlex
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from packaging.markers import InvalidMarker, Marker
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.build.install import INSTALL_FORMAT, VENV_FORMAT, VenvTarget, WheelRef
-from envbuild.errors import ManifestError, UserError
-from envbuild.lock.model import Lock
-from envbuild.spec.knowledge import secret_args
-from envbuild.spec.model import SECRET_REF, Spec
+from envbuild.errors import UserError
 from envbuild.store.core import derivation_key
+
+log = logging.getLogger(__name__)
 
 PLAN_FORMAT = 1
 #: Wheels at least this big (compressed) get a layer of their own.
@@ -46,6 +46,8 @@ class _Model(BaseModel):
 
 
 class PlanDist(_Model):
+    """One distribution a layer installs: its locked wheel."""
+
     name: str
     version: str
     filename: str
@@ -54,11 +56,13 @@ class PlanDist(_Model):
 
     @classmethod
     def of(cls, w: WheelRef) -> PlanDist:
+        """The plan's record of a locked wheel."""
         return cls(
             name=w.canonical, version=w.version, filename=w.filename, sha256=w.sha256, size=w.size
         )
 
     def ref(self, url: str) -> WheelRef:
+        """The wheel again, fetched from ``url``."""
         return WheelRef(self.name, self.version, self.filename, url, self.sha256, self.size)
 
 
@@ -66,6 +70,8 @@ LayerKind = Literal["base", "venv", "dist", "group", "top", "build", "patch"]
 
 
 class PlanLayer(_Model):
+    """One layer the plan will build above the base, with its derivation key and inputs."""
+
     name: str = Field(description="venv, the distribution's name, group-NN, …")
     kind: LayerKind
     key: str = Field(description="derivation key: sha256 of every input of the layer's bytes")
@@ -97,6 +103,8 @@ class PlannedDerivation(_Model):
 
 
 class PlanBase(_Model):
+    """The base the layers go on, with the key its layers are stored under."""
+
     kind: str
     description: str
     key: str
@@ -104,13 +112,17 @@ class PlanBase(_Model):
 
 
 class PlanOptions(_Model):
+    """How the layers are cut: the layer budget, what counts as big, how many groups."""
+
     max_layers: int = 60
     big_bytes: int = BIG_BYTES
     groups: int = GROUPS
 
 
-class ImageConfig(_Model):
-    """The parts of the OCI image config that envbuild decides."""
+class PlanConfig(_Model):
+    """The parts of the OCI image config that envbuild decides (env, command, labels, workdir),
+    as the plan records them; the image's :class:`envbuild.build.image.ImageConfig` is this
+    merged over the base image's."""
 
     env: dict[str, str]
     cmd: list[str]
@@ -120,6 +132,8 @@ class ImageConfig(_Model):
 
 
 class Plan(_Model):
+    """The whole build before any tarball: base, layers, config, source builds and patches."""
+
     format: Literal[1] = 1
     spec: str
     spec_hash: str
@@ -131,100 +145,23 @@ class Plan(_Model):
     options: PlanOptions
     base: PlanBase
     layers: list[PlanLayer]
-    config: ImageConfig
+    config: PlanConfig
     sources: list[PlannedDerivation] = Field(
         default_factory=list, description="source builds and patches, realized before the layers"
     )
 
     def layer(self, name: str) -> PlanLayer:
+        """The layer named ``name``."""
         return next(layer for layer in self.layers if layer.name == name)
 
     def with_layers(self, layers: Sequence[PlanLayer]) -> Plan:
+        """This plan with other layers (provisional ones resolved)."""
         return self.model_copy(update={"layers": list(layers)})
 
 
 def key_of(kind: str, inputs: Mapping[str, Any]) -> str:
+    """The store's derivation key of ``inputs`` for a derivation of ``kind``."""
     return derivation_key(kind, inputs)
-
-
-# --- choosing the wheels ----------------------------------------------------------------------
-
-
-def target_tags(python_version: str, platform: str) -> list[Tag]:
-    """Wheel tags the image's CPython accepts on ``platform``, best first."""
-    major, minor = (int(x) for x in python_version.split(".")[:2])
-    platforms = _platforms(platform)
-    tags = list(cpython_tags((major, minor), platforms=platforms))
-    tags += list(compatible_tags((major, minor), platforms=platforms))
-    return tags
-
-
-def _platforms(platform: str) -> list[str]:
-    if platform.startswith("manylinux_"):
-        _, glibc_major, glibc_minor, arch = platform.split("_", 3)
-        out = [f"manylinux_{glibc_major}_{m}_{arch}" for m in range(int(glibc_minor), 4, -1)]
-        legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-        for m, name in legacy.items():
-            if m <= int(glibc_minor):
-                out.append(f"{name}_{arch}")
-        return [*out, f"linux_{arch}"]
-    return [platform]
-
-
-def marker_env(python_version: str, platform: str) -> dict[str, str]:
-    arch = "aarch64" if platform.endswith("aarch64") else "x86_64"
-    return {
-        "python_version": python_version,
-        "python_full_version": f"{python_version}.0",
-        "implementation_name": "cpython",
-        "platform_python_implementation": "CPython",
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "os_name": "posix",
-        "platform_machine": arch,
-        "extra": "",
-    }
-
-
-def select_wheels(lock: Lock, *, skip: frozenset[str] = frozenset()) -> list[WheelRef]:
-    """One wheel per locked package that applies to the lock's target, best tag first.
-
-    ``skip`` names distributions built from source (their wheel comes from the build stage).
-    """
-    meta = lock.envbuild
-    tags = {t: i for i, t in enumerate(target_tags(meta.python, meta.platform))}
-    env = marker_env(meta.python, meta.platform)
-    out: list[WheelRef] = []
-    for pkg in sorted(lock.packages, key=lambda p: p.name):
-        name = canonicalize_name(pkg.name)
-        if name in skip:
-            continue
-        if pkg.marker:
-            try:
-                if not Marker(pkg.marker).evaluate(env):
-                    continue
-            except InvalidMarker as exc:
-                raise ManifestError(f"lock: {pkg.name}: bad marker {pkg.marker!r}: {exc}") from None
-        best: tuple[int, str] | None = None
-        chosen = None
-        for f in pkg.wheels:
-            try:
-                _, _, _, wtags = parse_wheel_filename(f.name)
-            except InvalidWheelFilename:
-                raise ManifestError(f"lock: {pkg.name}: {f.name!r} is not a wheel name") from None
-            rank = min((tags[t] for t in wtags if t in tags), default=None)
-            if rank is not None and (best is None or (rank, f.name) < best):
-                best, chosen = (rank, f.name), f
-        if chosen is None:
-            raise ManifestError(
-                f"lock: {pkg.name} {pkg.version} has no wheel for CPython {meta.python} on "
-                f"{meta.platform}",
-                hint="relock (`envbuild lock`), or build it from source under [builds]",
-            )
-        out.append(
-            WheelRef(name, pkg.version, chosen.name, chosen.url, chosen.hashes.sha256, chosen.size)
-        )
-    return out
 
 
 # --- layering ---------------------------------------------------------------------------------
@@ -342,105 +279,3 @@ def resolve_layer(
             "provisional": False,
         }
     )
-
-
-# --- the image config -------------------------------------------------------------------------
-
-#: PATH of a Debian system, after the venv's bin.
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-LABEL_PREFIX = "dev.envbuild"
-
-
-def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> ImageConfig:
-    """Env, command and labels of the image. Nothing secret goes in: a ``${VAR}`` in
-    ``[serve.env]`` is left for run time, and one anywhere else that would land in the image is an
-    error."""
-    venv = spec.python.venv.rstrip("/")
-    env = {
-        "PATH": f"{venv}/bin:{SYSTEM_PATH}",
-        "VIRTUAL_ENV": venv,
-        "LANG": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1",
-    }
-    if spec.serve:
-        env.update({k: v for k, v in spec.serve.env.items() if not SECRET_REF.search(v)})
-    env.update(spec.image.env)
-    extra = list(spec.serve.extra_args) if spec.serve else []
-    secret = set()
-    for arg in secret_args(extra):
-        if arg.value is None or not SECRET_REF.fullmatch(arg.value):
-            raise UserError(
-                f"serve.extra_args: the value of {arg.flag.flag} must be a ${{VAR}} reference "
-                "(a literal secret would be written into the image)",
-                hint=f'write it as "${{{arg.flag.env}}}" and pass {arg.flag.env} at run time',
-            )
-        secret.add(arg.index)
-    run_time: set[int] = set()  # arguments of cmd filled in when the container starts
-    if spec.image.cmd is not None:
-        cmd = list(spec.image.cmd)
-    elif spec.serve and spec.vllm and spec.model:
-        cmd = vllm_serve_cmd(spec)
-        run_time = {len(cmd) - len(extra) + i for i in secret}
-    else:
-        cmd = ["python3"]
-    labels = {
-        **spec.image.labels,
-        f"{LABEL_PREFIX}.spec": spec.name,
-        f"{LABEL_PREFIX}.spec-hash": spec_hash,
-        f"{LABEL_PREFIX}.lock-hash": lock_hash,
-    }
-    for where, values in (
-        ("image.env", list(spec.image.env.values())),
-        ("image.cmd", [a for i, a in enumerate(cmd) if i not in run_time]),
-        ("image.labels", list(spec.image.labels.values())),
-        ("serve.extra_args", [a for i, a in enumerate(extra) if i not in secret]),
-    ):
-        for value in values:
-            if m := SECRET_REF.search(value):
-                raise UserError(
-                    f"{where}: {value!r} references ${{{m.group(1)}}}, which would put a secret "
-                    "into the image",
-                    hint="pass secrets at run time through [serve.env] (they stay out of the "
-                    "image) or `docker run -e`",
-                )
-    if any(SECRET_REF.search(cmd[i]) for i in run_time):
-        cmd = run_time_command(cmd, run_time)
-    return ImageConfig(env=env, cmd=cmd, labels=labels, workdir=spec.image.workdir)
-
-
-def run_time_command(cmd: Sequence[str], secret: set[int]) -> list[str]:
-    """``cmd`` as a ``/bin/sh -c`` command line that fills each ``${VAR}`` of the arguments at
-    ``secret`` in from the container's environment as it starts (``docker run -e VAR``), and
-    stops with "VAR: is not set" when it is missing. Every other argument is quoted as it is:
-    the image's config names the variables, never their values."""
-    words = []
-    for i, arg in enumerate(cmd):
-        if i not in secret:
-            words.append(shlex.quote(arg))
-            continue
-        parts = SECRET_REF.split(arg)  # literal, name, literal, name, ...
-        words.append(
-            "".join(
-                f'"${{{part}:?is not set}}"' if odd else (shlex.quote(part) if part else "")
-                for odd, part in ((k % 2 == 1, p) for k, p in enumerate(parts))
-            )
-        )
-    return ["/bin/sh", "-c", "exec " + " ".join(words)]
-
-
-def vllm_serve_cmd(spec: Spec) -> list[str]:
-    """``vllm serve <model> …`` with the spec's serving settings."""
-    assert spec.serve is not None and spec.model is not None
-    s = spec.serve
-    cmd = ["vllm", "serve", spec.model.repo, "--revision", spec.model.revision]
-    if s.served_model_name:
-        cmd += ["--served-model-name", s.served_model_name]
-    cmd += ["--host", s.host, "--port", str(s.port)]
-    cmd += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.pipeline_parallel_size > 1:
-        cmd += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
-    if s.max_model_len is not None:
-        cmd += ["--max-model-len", str(s.max_model_len)]
-    cmd += ["--kv-cache-dtype", s.kv_cache_dtype]
-    cmd += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
-    return [*cmd, *s.extra_args]

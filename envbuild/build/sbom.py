@@ -11,27 +11,37 @@ want the image skip it.
 
 Public API: :func:`make_sbom` (bytes), :func:`artifact_manifest` (its referrer), :func:`attach`
 (into an existing layout), :func:`read_attached`
-(the SBOM of a layout's image, checked), :func:`wheel_license`.
+(the SBOM of a layout's image, checked), :func:`wheel_license`, and :func:`image_sbom`, the
+build's SBOM stage (all three blobs made once per build manifest and kept in the store).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
-from envbuild import __version__
-from envbuild.build.manifest import SBOM_FILE, BuildManifest
+from envbuild import __version__, oci
+from envbuild.build import image, ocilayout
+from envbuild.build.fetch import fetch_wheels
+from envbuild.build.install import WheelRef
+from envbuild.build.manifest import BuildManifest
+from envbuild.build.outputs import SBOM_FILE, Sbom
 from envbuild.build.plan import Plan
 from envbuild.errors import IntegrityError, ManifestError
-from envbuild.fsio import compact_json, sha256_bytes, write_atomic
+from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
 from envbuild.lock.model import DebianBaseLock, Lock
+from envbuild.progress import NULL, Progress
+from envbuild.store.core import Output, Store
+
+log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
 EMPTY = "application/vnd.oci.empty.v1+json"
@@ -274,3 +284,63 @@ def _verified(layout: Path, desc: dict[str, Any]) -> bytes:
     if f"sha256:{sha256_bytes(data)}" != digest or len(data) != desc.get("size"):
         raise IntegrityError(f"{layout}: blob {digest} does not match its digest")
     return data
+
+
+# --- the stage: the SBOM of a build, kept in the store -----------------------------------------
+
+
+def image_sbom(
+    plan: Plan,
+    lock: Lock,
+    manifest: BuildManifest,
+    store: Store,
+    *,
+    by_sha: Mapping[str, WheelRef],
+    made: Mapping[str, Path],
+    progress: Progress = NULL,
+) -> tuple[Sbom, str]:
+    """The image's CycloneDX SBOM and its OCI 1.1 referrer, all three
+    blobs (document, empty config, artifact manifest) made once per build manifest and kept in
+    the store (a no-op rebuild reads no wheel). ``by_sha`` names the locked wheels by sha256,
+    ``made`` the files of the wheels the build made (source builds, patches). Returns them and
+    the derivation's key; :func:`~envbuild.build.outputs.write_outputs` puts them into the
+    output folder."""
+    created = image.created_for(lock.envbuild.exclude_newer)
+    inputs = {
+        "format": SBOM_FORMAT,
+        "manifest": canonical_json(manifest.model_dump(mode="json")),
+    }
+
+    def make() -> Output:
+        shas = [d.sha256 for layer in plan.layers for d in layer.dists if d.sha256 not in made]
+        wanted = [by_sha[sha] for sha in shas if sha in by_sha]
+        paths = {**fetch_wheels(wanted, store, progress=progress), **made}
+        data = make_sbom(
+            manifest, plan, lock, created=datetime.fromisoformat(created),
+            license_of=lambda sha: wheel_license(paths[sha]) if sha in paths else None,
+        )  # fmt: skip
+        subject = {"mediaType": oci.OCI_MANIFEST, "digest": manifest.image,
+                   "size": store.blob_path(manifest.image).stat().st_size}  # fmt: skip
+        art = artifact_manifest(subject, data, created=created)
+        return Output(
+            outputs={
+                "sbom": store.add_bytes(data),
+                "config": store.add_bytes(EMPTY_JSON),
+                "manifest": store.add_bytes(art),
+            }
+        )
+
+    drv = store.build("sbom", inputs, make).drv
+    data = store.read_blob(drv.outputs["sbom"])
+    art = drv.outputs["manifest"]
+    referrer = ocilayout.Referrer(
+        descriptor={
+            "mediaType": OCI_MANIFEST,
+            "artifactType": MEDIA_TYPE,
+            "digest": art,
+            "size": store.blob_path(art).stat().st_size,
+        },
+        blobs=(drv.outputs["sbom"], drv.outputs["config"], art),
+    )
+    log.debug("sbom %s (key %s)", drv.outputs["sbom"], drv.key[:12])
+    return Sbom(data=data, referrer=referrer), drv.key

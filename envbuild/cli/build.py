@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from envbuild.build.layers import Compression
-from envbuild.build.pipeline import COMPRESSION, BuilderOptions, BuildResult, build
+from envbuild.build.pipeline import BuilderOptions, ImageBuild, build
+from envbuild.build.plan import Plan
+from envbuild.build.planner import COMPRESSION
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
@@ -23,6 +27,8 @@ from envbuild.store.core import Store, default_store
 from envbuild.store.remote import CachedStore
 
 DEFAULT_SPEC = "specs/quickstart.toml"
+
+log = logging.getLogger(__name__)
 
 
 def add_builder_args(p: argparse.ArgumentParser) -> None:
@@ -99,27 +105,28 @@ def run(args: argparse.Namespace) -> int:
                 mode=args.builder, network=args.builder_network, engine=docker_engine()
             ),
         )
+    if args.json:  # the plan of a dry run, the build manifest of a build: the same data as text
+        data = result.plan if result.manifest is None else result.manifest
+        render.emit_json(data.model_dump(mode="json"))
+        return ExitCode.OK
     if args.dry_run:
-        if args.json:
-            render.emit_json(result.plan.model_dump(mode="json"))
-        else:
-            _show_plan(result, store)
+        keys = [layer.key for layer in result.plan.layers]
+        cached = {key for key in keys if store.lookup(key) is not None}
+        for line in plan_lines(result.plan, cached):
+            render.echo(line)
         return ExitCode.OK
-    assert result.manifest is not None
-    if args.json:
-        render.emit_json(result.manifest.model_dump(mode="json"))
-        return ExitCode.OK
-    _show_build(result)
+    for line in build_lines(result):
+        render.note(line)
     if note := engines.compression_note(args.compression):
-        print(note, file=sys.stderr)
+        render.note(note)
     if isinstance(store, CachedStore):
         stats = store.remote.stats
-        print(
+        render.note(
             f"cache {args.cache}: {len(stats.hits)} derivation(s) pulled "
             f"({_mb(stats.bytes_fetched)}), {len(stats.published)} published "
-            f"({_mb(stats.bytes_uploaded)} uploaded)",
-            file=sys.stderr,
+            f"({_mb(stats.bytes_uploaded)} uploaded)"
         )
+    assert result.manifest is not None
     render.echo(result.manifest.image)
     return ExitCode.OK
 
@@ -149,66 +156,59 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
-def _show_plan(result: BuildResult, store: Store) -> None:
-    plan = result.plan
-    render.echo(f"plan for {plan.spec} (format {plan.format})")
-    render.echo(f"  spec hash  {plan.spec_hash}")
-    render.echo(f"  lock hash  {plan.lock_hash}")
-    render.echo(
+def plan_lines(plan: Plan, cached: Collection[str] = ()) -> list[str]:
+    """The plan for people (what ``--dry-run`` prints); ``cached``: the layer keys the store
+    already holds."""
+    lines = [
+        f"plan for {plan.spec} (format {plan.format})",
+        f"  spec hash  {plan.spec_hash}",
+        f"  lock hash  {plan.lock_hash}",
         f"  target     python {plan.target['python_version']} {plan.target['platform']}, "
-        f"venv {plan.target['venv']} -> {plan.target['interpreter']}"
-    )
-    render.echo(
+        f"venv {plan.target['venv']} -> {plan.target['interpreter']}",
         f"  installer  {plan.installer}; pack {plan.pack['compressor']}; "
-        f"SOURCE_DATE_EPOCH={plan.source_date_epoch}"
-    )
-    total = plan.base.layers + len(plan.layers)
-    render.echo(f"  layers     {total} of at most {plan.options.max_layers}")
-    render.echo(f"  base       {plan.base.description}")
-    for src in plan.sources:
-        render.echo(f"  {src.kind:<6} {src.dist}: {src.summary}")
+        f"SOURCE_DATE_EPOCH={plan.source_date_epoch}",
+        f"  layers     {plan.base.layers + len(plan.layers)} of at most {plan.options.max_layers}",
+        f"  base       {plan.base.description}",
+    ]
+    lines += [f"  {src.kind:<6} {src.dist}: {src.summary}" for src in plan.sources]
     for layer in plan.layers:
-        state = "cached" if store.lookup(layer.key) is not None else "to build"
+        state = "cached" if layer.key in cached else "to build"
         if layer.provisional:
             state = "after its wheel"
         names = ", ".join(f"{d.name}=={d.version}" for d in layer.dists)
         extra = "".join(f" [{d} loses to {w}]" for d, w in layer.loses_to.items())
-        render.echo(
+        lines.append(
             f"  {layer.kind:<6} {layer.name:<28} {_mb(layer.wheel_bytes):>11}  {layer.key[:12]}  "
             f"{state:<8} {names}{extra}"
         )
-    config = plan.config
-    render.echo(f"  cmd        {' '.join(config.cmd)}")
-    for key, value in sorted(config.env.items()):
-        render.echo(f"  env        {key}={value}")
+    lines.append(f"  cmd        {' '.join(plan.config.cmd)}")
+    lines += [f"  env        {key}={value}" for key, value in sorted(plan.config.env.items())]
+    return lines
 
 
-def _show_build(result: BuildResult) -> None:
+def build_lines(result: ImageBuild) -> list[str]:
+    """What a build did, for people (on stderr; stdout gets the image digest): each source
+    build and patch, each layer rebuilt or cached, and the wall time."""
     assert result.manifest is not None and result.output is not None
     m = result.manifest
+    lines = []
     for src in result.sources:
         state = "reused" if src.reused else "built"
-        print(
-            f"{src.kind} {src.dist} {src.version}  {src.key[:12]}  {state}",
-            file=sys.stderr,
-        )
+        lines.append(f"{src.kind} {src.dist} {src.version}  {src.key[:12]}  {state}")
         if src.changes:
             since = f" since {src.previous[:12]}" if src.previous else ""
-            print(f"  inputs changed{since}: {'; '.join(src.changes)}", file=sys.stderr)
+            lines.append(f"  inputs changed{since}: {'; '.join(src.changes)}")
     for layer in m.layers:
         state = "rebuilt" if layer.name in result.rebuilt else "cached"
         if layer.kind == "base":
             state = "base"
-        print(
-            f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}",
-            file=sys.stderr,
-        )
+        lines.append(f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}")
     took = result.wall  # the stages overlap (the base beside the layers): their sum is not
-    print(
+    lines.append(
         f"built {m.spec}: {len(m.layers)} layers ({len(result.rebuilt)} rebuilt) in {took:.1f} s "
-        f"-> {result.output}",
-        file=sys.stderr,
+        f"-> {result.output}"
     )
+    return lines
 
 
 # --- progress on a terminal -------------------------------------------------------------------

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import asdict
+import logging
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.dockerfile import (
-    BASE_DIR,
-    WHEELS_DIR,
-    copy_base,
-    copy_wheels,
-    read_build_manifest,
-    render_dockerfile,
-)
-from envbuild.build.pipeline import load_lock
+from envbuild.build.dockerfile import WHEELS_DIR, make_dockerfile
 from envbuild.cli import render
 from envbuild.errors import ExitCode
-from envbuild.fsio import write_atomic
-from envbuild.lock import find_lock
 from envbuild.spec import load_spec
 from envbuild.store.core import Store, default_store
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -59,36 +50,17 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_spec(args.spec)
-    lock, lock_hash = load_lock(loaded)
-    manifest = read_build_manifest(args.build or loaded.root / "images" / loaded.name)
-    result = render_dockerfile(
-        loaded,
-        lock,
-        lock_hash=lock_hash,
-        lock_file=loaded.display(find_lock(loaded)),
-        manifest=manifest,
-    )
-    if args.output:
-        copy_base(loaded, args.output.parent / BASE_DIR)
-        if result.wheels:
-            store = Store(args.store) if args.store else default_store()
-            copy_wheels(store, result.wheels, args.output.parent / WHEELS_DIR)
-        write_atomic(args.output, result.text)
-    elif result.wheels and not args.json:
-        print(
-            f"note: the Dockerfile COPYs {WHEELS_DIR}/ from its build context; `-o FILE` puts "
-            "the wheels there",
-            file=sys.stderr,
-        )
+    store = Store(args.store) if args.store else default_store()
+    result = make_dockerfile(loaded, store=store, build=args.build, output=args.output)
     if args.json:
-        render.emit_json(
-            {
-                "base": result.base,
-                "requirements": result.requirements,
-                "dockerfile": result.text,
-                "wheels": [asdict(w) for w in result.wheels],
-            }
+        render.emit_json(result.as_dict())
+        return ExitCode.OK
+    if args.output:
+        return ExitCode.OK
+    if result.wheels:
+        render.note(
+            f"note: the Dockerfile COPYs {WHEELS_DIR}/ from its build context; `-o FILE` puts "
+            "the wheels there"
         )
-    elif not args.output:
-        render.echo(result.text.rstrip("\n"))
+    render.echo(result.text.rstrip("\n"))
     return ExitCode.OK

@@ -52,6 +52,12 @@ def echo(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
+def note(text: str = "") -> None:
+    """A line for people that is not the command's output (progress, a summary, a hint): on
+    stderr, so stdout stays the result (a digest, a document)."""
+    sys.stderr.write(text + "\n")
+
+
 def error_lines(lines: list[str]) -> None:
     if not lines:
         return

@@ -2,7 +2,7 @@
 
 A build never has the whole environment on disk at once (each layer is installed into its own
 staging root and packed), but every path a wheel installs is known from the wheel
-(:func:`envbuild.build.install.member_path`), and every path of the base from its layers' tar
+(:func:`envbuild.build.wheelpaths.member_path`), and every path of the base from its layers' tar
 listings. So the check reads the wheels' ELF members — inflated in memory, hashed and parsed in
 the worker pool, only when the cache does not know them by their RECORD sha256; nothing is
 written to disk but a member that is not a readable ELF file — and the names in the base's
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.install import VenvTarget, member_path
+from envbuild.build.install import VenvTarget
 from envbuild.build.layers import open_uncompressed
+from envbuild.build.wheelpaths import member_path
 from envbuild.errors import InputFileError
 from envbuild.linkcheck import SYSTEM_DIRS, Report, check_entries
 from envbuild.linkcheck.facts import ElfInfo

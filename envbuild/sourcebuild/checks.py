@@ -19,7 +19,7 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuild.build.plan import target_tags
+from envbuild.build.wheels import target_tags
 from envbuild.errors import InputFileError, UserError
 from envbuild.sourcebuild.audit import Audit
 from envbuild.sourcebuild.builder import Toolchain

@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 from envbuild import scratch
 from envbuild.build.fetch import open_url
 from envbuild.build.install import WheelRef
-from envbuild.build.plan import marker_env, select_wheels
+from envbuild.build.wheels import marker_env, select_wheels
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError
 from envbuild.fsio import atomic_writer, sha256_file
 from envbuild.lock.model import Lock

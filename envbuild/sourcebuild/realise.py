@@ -25,7 +25,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.errors import ToolFailed
+from envbuild.errors import (
+    ToolFailed,
+)
 from envbuild.sourcebuild.audit import Audit, audit_wheel
 from envbuild.sourcebuild.builder import (
     Builder,

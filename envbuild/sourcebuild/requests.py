@@ -18,7 +18,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.build.plan import PlannedDerivation, select_wheels
+from envbuild.build.plan import PlannedDerivation
+from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
 from envbuild.lock.model import Lock
 from envbuild.sourcebuild.closure import EXTRA_REQUIRES, RequiresOf, closures, locked_requires

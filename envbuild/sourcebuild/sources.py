@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
 from envbuild.build.manifest import PatchRecord, SourceBuildRecord
-from envbuild.build.plan import select_wheels
+from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock import Lock

@@ -15,7 +15,7 @@ from support.registry import Registry
 from envbuild.apply import generations as gens
 from envbuild.apply.inputs import from_spec
 from envbuild.apply.wheels import StoreWheels
-from envbuild.build.plan import select_wheels
+from envbuild.build.wheels import select_wheels
 from envbuild.lock import lock_spec
 from envbuild.registry import Endpoint, parse_repo
 from envbuild.spec import load_spec

@@ -22,7 +22,7 @@ from support.wheels import make_wheel, ref
 from envbuild.build import image
 from envbuild.build.layers import Layer
 from envbuild.build.manifest import BuiltLayer, stored_layer
-from envbuild.build.pipeline import load_lock
+from envbuild.build.planner import load_lock
 from envbuild.engine import DockerEngine
 from envbuild.sourcebuild.container import ContainerBuilder
 from envbuild.sourcebuild.inputs import inputs_of

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import REPO
 
 from envbuild.build.dockerfile import render_dockerfile
-from envbuild.build.pipeline import load_lock
+from envbuild.build.planner import load_lock
 from envbuild.lock import read_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock
 from envbuild.spec import load_spec

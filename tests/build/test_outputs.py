@@ -263,9 +263,9 @@ def test_the_printed_time_is_the_wall_time(
 ) -> None:
     """The base runs beside the layers: the line shows the build's wall time, not the stages'
     sum (here the base and the layers each take at least 0.6 s, side by side)."""
-    from envbuild.build import pipeline as build_mod
+    from envbuild.build import layerbuild, pipeline
 
-    real_base, real_layer = build_mod._base_stage, build_mod._layer
+    real_base, real_layer = pipeline.base_stage, layerbuild.build_layer
 
     def slow(fn: Callable[..., object]) -> Callable[..., object]:
         def run(*a: object, **k: object) -> object:
@@ -274,8 +274,8 @@ def test_the_printed_time_is_the_wall_time(
 
         return run
 
-    monkeypatch.setattr(build_mod, "_base_stage", slow(real_base))
-    monkeypatch.setattr(build_mod, "_layer", slow(real_layer))
+    monkeypatch.setattr(pipeline, "base_stage", slow(real_base))
+    monkeypatch.setattr(layerbuild, "build_layer", slow(real_layer))
     spec_a, _ = two_specs
     start = time.perf_counter()
     result = cli(*build_args(repo, spec_a, repo / "out"))

@@ -171,13 +171,13 @@ def test_layer_workers_defer_to_a_base_still_being_made() -> None:
     import subprocess
     import threading
 
-    from envbuild.build import pipeline as build
+    from envbuild.build import layerbuild
 
     def worker_nice(base: concurrent.futures.Future[None]) -> tuple[int, int]:
         seen: list[int] = []
 
         def run() -> None:
-            build._defer(base)
+            layerbuild._defer(base)
             child = subprocess.run(["nice"], capture_output=True, text=True, check=True)
             seen.extend([os.getpriority(os.PRIO_PROCESS, 0), int(child.stdout)])
 
@@ -188,7 +188,7 @@ def test_layer_workers_defer_to_a_base_still_being_made() -> None:
 
     start = os.getpriority(os.PRIO_PROCESS, 0)
     running: concurrent.futures.Future[None] = concurrent.futures.Future()
-    assert worker_nice(running) == (max(start, build.DEFERRED_NICE),) * 2
+    assert worker_nice(running) == (max(start, layerbuild.DEFERRED_NICE),) * 2
     assert os.getpriority(os.PRIO_PROCESS, 0) == start  # the calling thread is untouched
     done: concurrent.futures.Future[None] = concurrent.futures.Future()
     done.set_result(None)
@@ -203,7 +203,7 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
     import threading
     import time
 
-    from envbuild.build import pipeline as build_mod
+    from envbuild.build import layerbuild, pipeline
     from envbuild.errors import EnvironmentFailure
 
     d = repo / "wheels"
@@ -211,7 +211,7 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
     spec = write_project(repo, "broken-base", wheels)
     started = threading.Event()
     made: list[str] = []
-    real_layer = build_mod._layer
+    real_layer = layerbuild.build_layer
 
     def layer(plan_layer, *args, **kwargs):  # type: ignore[no-untyped-def]
         made.append(plan_layer.name)
@@ -223,9 +223,9 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
         started.wait(30)
         raise EnvironmentFailure("mmdebstrap exited with status 1")
 
-    monkeypatch.setattr(build_mod, "WORKERS", 1)
-    monkeypatch.setattr(build_mod, "_layer", layer)
-    monkeypatch.setattr(build_mod, "_base_stage", base_stage)
+    monkeypatch.setattr(layerbuild, "WORKERS", 1)
+    monkeypatch.setattr(layerbuild, "build_layer", layer)
+    monkeypatch.setattr(pipeline, "base_stage", base_stage)
     result = build(cli, repo, spec, "--json")
     assert result.exit_code != 0
     assert "base: mmdebstrap exited with status 1" in result.stderr

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from envbuild.build.config import image_config
 from envbuild.build.install import VenvTarget, WheelRef
-from envbuild.build.plan import PlanOptions, bucket, image_config, layer_plan, target_tags
+from envbuild.build.plan import PlanOptions, bucket, layer_plan
+from envbuild.build.wheels import target_tags
 from envbuild.errors import UserError
 from envbuild.spec import load_spec
 

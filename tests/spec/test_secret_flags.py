@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.build.plan import image_config
+from envbuild.build.config import image_config
 from envbuild.errors import Severity, UserError
 from envbuild.spec import facts
 from envbuild.spec.check import check_stack

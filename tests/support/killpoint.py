@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import envbuild.build.pipeline as build_mod
-from envbuild.build import manifest, tarwrite
+from envbuild.build import outputs, tarwrite
 from envbuild.cli import main
 
 KILL_AT = int(sys.argv[1])
@@ -51,7 +51,7 @@ def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 for name in ("replace", "rename", "link", "unlink", "fsync", "mkdir"):
     setattr(os, name, count(name, getattr(os, name)))
 tarwrite.Sink.flush = count("tar-buffer", tarwrite.Sink.flush)  # type: ignore[method-assign]
-real_write_outputs = manifest.write_outputs
+real_write_outputs = outputs.write_outputs
 
 
 def write_outputs(*args: Any, **kwargs: Any) -> Any:
@@ -62,7 +62,7 @@ def write_outputs(*args: Any, **kwargs: Any) -> Any:
         state["armed"] = False
 
 
-manifest.write_outputs = write_outputs  # type: ignore[assignment]
+outputs.write_outputs = write_outputs  # type: ignore[assignment]
 build_mod.write_outputs = write_outputs  # type: ignore[assignment]
 
 code = main(sys.argv[2:])
