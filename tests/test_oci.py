@@ -3,7 +3,7 @@ layout at all, however malformed, gives an image or an envbuild error (exit 2; e
 bytes that differ from their digest), never another exception.
 
 Layouts here are written by hand (JSON blobs, no layers to pack), so hundreds of them cost
-little; envbuild's own writer is read back in tests/image/test_image.py.
+little; envbuild's own writer is read back in tests/build/test_image.py.
 """
 
 from __future__ import annotations

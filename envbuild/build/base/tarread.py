@@ -61,7 +61,7 @@ class _Header(tarfile.TarInfo):
     them (it reads a long name or PAX header into memory, and expands sparse maps), and turning
     a corrupt or cut header after the first into an error instead of a quiet end of archive.
     The methods it overrides are CPython tarfile's own (the same names from 3.8 to 3.14); the
-    sparse and long-header tests of tests/image/test_base_rules.py fail if they move."""
+    sparse and long-header tests of tests/build/base/test_base_rules.py fail if they move."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Any:

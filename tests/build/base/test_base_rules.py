@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from support.debianbase import need
 
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
@@ -23,7 +24,6 @@ from envbuild.errors import ExitCode
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
 
-from .conftest import need
 from .tarcheck import COMPRESSIONS, compress, sha256
 from .test_bases import member
 

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from support.debianbase import DebianRootfs, need
 
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
@@ -29,8 +30,6 @@ from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
-
-from .conftest import DebianRootfs, need
 
 
 def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", **kw: object) -> tuple:

@@ -1,4 +1,5 @@
-"""Fixtures for the image tests: a session-wide store holding a small mmdebstrap Debian base."""
+"""What the build and base tests share: skipping on a missing tool (never in CI), and the
+session's small Debian base (made by the ``debian_rootfs`` fixture in tests/build/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from envbuild.build.base import debian
 from envbuild.build.base.model import BaseImage
 from envbuild.lock.model import DebianBaseLock
 from envbuild.spec.model import DebianBase
@@ -29,15 +29,3 @@ class DebianRootfs:
     spec: DebianBase
     lock: DebianBaseLock
     base: BaseImage
-
-
-@pytest.fixture(scope="session")
-def debian_rootfs(tmp_path_factory: pytest.TempPathFactory) -> DebianRootfs:
-    """bookworm's essential set plus python3-minimal, resolved and built once per session
-    (mmdebstrap, about 20 s)."""
-    need("mmdebstrap")
-    store = Store(tmp_path_factory.mktemp("debian-store"))
-    spec = DebianBase(kind="debian", suite="bookworm", packages=["python3-minimal"])
-    lock = debian.resolve(store, spec)
-    base = debian.build(store, spec, lock)
-    return DebianRootfs(store, spec, lock, base)

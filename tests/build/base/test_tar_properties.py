@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.debianbase import need
 
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import safe_extract
@@ -31,7 +32,6 @@ from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.oci import OCI_MANIFEST
 from envbuild.store.core import Store
 
-from .conftest import need
 from .tarcheck import (
     COMPRESSIONS,
     check_extracted,
