@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from typing import IO, Self
 
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir
+from envbuild.oci import DIGEST_RE
 from envbuild.store.stamps import Stamps
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 #: Bumped when the meaning of a derivation key or the layout changes; part of every key.
 STORE_FORMAT = 1
 CHUNK = 1 << 20
-DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
