@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from envbuild.errors import IntegrityError, StoreError
-from envbuild.fsio import fsync_dir
+from envbuild.fsio import fsync_dir, rmtree
 from envbuild.oci import DIGEST_RE
 from envbuild.store.stamps import Stamps
 
@@ -375,17 +374,3 @@ class BlobStore:
             raise store_error(self.root, exc, f"writing {path.name}") from exc
         finally:
             Path(name).unlink(missing_ok=True)
-
-
-def rmtree(path: Path) -> None:
-    """Remove a file or a tree, read-only directories included."""
-    if not path.is_dir() or path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
-    try:
-        shutil.rmtree(path)
-    except OSError:
-        for dirpath, _dirs, _files in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o755)
-        shutil.rmtree(path, ignore_errors=True)
