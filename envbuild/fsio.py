@@ -1,14 +1,16 @@
-"""Small file helpers every stage shares: atomic writes, canonical JSON, hashing, and the
-step-by-step upgrade of a document written in an older format."""
+"""Small file helpers every stage shares: atomic writes, canonical JSON, hashing, removing a
+tree, and the step-by-step upgrade of a document written in an older format."""
 
 from __future__ import annotations
 
 import binascii
+import contextlib
 import errno
 import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -92,6 +94,23 @@ def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
 
 #: Turns a document of format N into format N + 1.
 Converter = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def rmtree(path: Path) -> None:
+    """Remove ``path``, a file or a tree, read-only folders in it included (an unpacked wheel
+    may have them); nothing there is no error."""
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except OSError:
+        for dirpath, _dirs, _files in os.walk(path):
+            with contextlib.suppress(OSError):
+                os.chmod(dirpath, 0o700)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def upgrade_format(

@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from envbuild.errors import UsageError
+from envbuild.fsio import rmtree
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        _rmtree(path)
+        rmtree(path)
         os.close(held)
 
 
@@ -211,19 +212,6 @@ def sweep() -> int:
     for parent, prefixes in by_root.items():
         removed += _sweep(parent, tuple(prefixes))
     return removed
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a tree, read-only folders in it included (an unpacked wheel may have them)."""
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        return
-    except OSError:
-        for dirpath, _dirs, _files in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
@@ -251,7 +239,7 @@ def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
             os.close(fd)
             continue
         log.info("removing %s, left by a build that did not finish", entry.path)
-        _rmtree(Path(entry.path))
+        rmtree(Path(entry.path))
         os.close(fd)
         removed += 1
     return removed

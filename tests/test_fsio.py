@@ -1,5 +1,6 @@
-"""fsio's atomic writes: the file is synced before its rename and its folder after it, so a
-file written through atomic_writer (a "done" marker, a manifest) survives a crash."""
+"""fsio's atomic writes (the file is synced before its rename and its folder after it, so a
+file written through atomic_writer, a "done" marker or a manifest, survives a crash) and its
+rmtree (read-only folders, a file, a link, nothing)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def test_a_failed_write_leaves_the_old_file_and_syncs_nothing_after(
 def test_fsync_dir_refuses_a_folder_that_is_not_there(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         fsio.fsync_dir(tmp_path / "missing")
+
+
+def test_rmtree_removes_a_tree_with_read_only_folders_a_file_or_nothing(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "ro" / "deep").mkdir(parents=True)
+    (tree / "ro" / "deep" / "f").write_text("x")
+    (tree / "ro" / "deep").chmod(0o500)
+    (tree / "ro").chmod(0o500)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "kept", target_is_directory=True)
+    (tmp_path / "kept").mkdir()
+    single = tmp_path / "file"
+    single.write_text("y")
+    for path in (tree, link, single, tmp_path / "missing"):
+        fsio.rmtree(path)
+        assert not os.path.lexists(path)
+    assert (tmp_path / "kept").is_dir()  # a link is removed, not what it points at

@@ -19,7 +19,7 @@ from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
 from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
 from envbuild.apply.checks import PreflightReport
-from envbuild.apply.host import Host
+from envbuild.apply.host import HostAccess
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.integrity import check_generation, installed_unit_problems
 from envbuild.apply.modelcache import ModelResult
@@ -105,13 +105,13 @@ def _result(m: ModelResult) -> dict[str, Any]:
     }
 
 
-def _envbuild_units(host: Host) -> set[str]:
+def _envbuild_units(host: HostAccess) -> set[str]:
     return {g.meta.unit for g in gens.list_generations(host.paths) if g.meta.unit}
 
 
 def apply(
     inp: ApplyInput,
-    host: Host,
+    host: HostAccess,
     options: Options,
     *,
     on_preflight: Callable[[PreflightReport], None] | None = None,
@@ -322,7 +322,7 @@ def _pending(paths: Paths) -> str | None:
     return f"{j.operation} (pid {j.pid}) to generation {j.target.number}, after step {j.step!r}"
 
 
-def _reusable(host: Host, inp: ApplyInput) -> Found | None:
+def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
     """A generation that already holds ``inp`` and still verifies, when that can be known before
     building anything: the generation a snapshot was found in, or one with the same content hash
     (computable when the store already holds every source-built and patched wheel it needs)."""

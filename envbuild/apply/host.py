@@ -1,8 +1,10 @@
 """The machine apply works on: its paths, how to probe it, how to drive its services, and where
-store wheels come from. The CLI builds the real one; tests pass their own."""
+store wheels come from. The CLI builds the real one; tests pass their own. (What a spec asks
+of the machine, its ``[host]`` table, is :class:`envbuild.spec.model.Host`.)"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,15 +13,21 @@ from envbuild.apply.probe import HostProbe, SystemProbe
 from envbuild.apply.services import ServiceManager, default_services
 from envbuild.apply.wheels import IndexOnly, StoreWheels, WheelProvider
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
-class Host:
+class HostAccess:
+    """The interfaces apply reaches one machine through: its paths, a probe, its service
+    manager and the source of store wheels."""
+
     paths: Paths
     probe: HostProbe
     services: ServiceManager
     wheels: WheelProvider = field(default_factory=IndexOnly)
 
 
-def real_host(root: Path | str = "/", hf_home: str = HF_HOME) -> Host:
+def real_host(root: Path | str = "/", hf_home: str = HF_HOME) -> HostAccess:
+    """The machine at ``root`` reached for real: its system probe, systemd, the store's wheels."""
     paths = Paths(Path(root), hf_home)
-    return Host(paths, SystemProbe(), default_services(paths.root), StoreWheels())
+    return HostAccess(paths, SystemProbe(), default_services(paths.root), StoreWheels())

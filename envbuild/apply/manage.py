@@ -10,7 +10,7 @@ from typing import Any
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
-from envbuild.apply.host import Host
+from envbuild.apply.host import HostAccess
 from envbuild.apply.integrity import GenerationCheck, check_generation, installed_unit_problems
 from envbuild.apply.paths import Paths
 from envbuild.apply.services import ServiceManager
@@ -86,7 +86,9 @@ def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
     return out
 
 
-def recover_pending(host: Host, *, wait: float = 0.0, busy_ok: bool = False) -> Recovery | None:
+def recover_pending(
+    host: HostAccess, *, wait: float = 0.0, busy_ok: bool = False
+) -> Recovery | None:
     """Undo (or finish) a switch that was cut short, if the journal shows one: for commands that
     otherwise only read (``generations``) and for ``apply --recover``. Takes the state lock only
     when there is a journal. ``busy_ok``: when the lock cannot be had — another envbuild holds
@@ -129,7 +131,7 @@ class RollbackOutcome:
 
 
 def rollback(
-    host: Host,
+    host: HostAccess,
     *,
     to: int | None = None,
     agreed: bool = False,

@@ -77,23 +77,29 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _patterns(model: Pinned) -> list[str] | None:
-    return list(model.files) or None
+def _snapshot(
+    hub_cache: Path, model: Pinned, *, local_files_only: bool = False, endpoint: str | None = None
+) -> str:
+    """huggingface_hub's snapshot folder of ``model`` (its revision, only its files when it
+    names some) in ``hub_cache``: from the cache alone, or downloaded from ``endpoint``."""
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(
+        model.repo,
+        revision=model.revision,
+        cache_dir=hub_cache,
+        allow_patterns=list(model.files) or None,
+        local_files_only=local_files_only,
+        endpoint=endpoint,
+    )
 
 
 def find_cached(hub_cache: Path, model: Pinned) -> Path | None:
     """The snapshot folder when the cache holds every requested file, without the network."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        folder = snapshot_download(
-            model.repo,
-            revision=model.revision,
-            cache_dir=hub_cache,
-            allow_patterns=_patterns(model),
-            local_files_only=True,
-        )
+        folder = _snapshot(hub_cache, model, local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError):  # incomplete, too (a subclass)
         return None
     trees = repo_folder(hub_cache, model.repo) / "trees" / f"{model.revision}.json"
@@ -124,18 +130,11 @@ def fetch(hub_cache: Path, model: Pinned, *, verify: bool = True) -> ModelResult
 
 
 def _download(hub_cache: Path, model: Pinned) -> Path:
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     log.info("fetching %s at %s into %s", model.repo, model.revision[:12], hub_cache)
     try:
-        folder = snapshot_download(
-            model.repo,
-            revision=model.revision,
-            cache_dir=hub_cache,
-            allow_patterns=_patterns(model),
-            endpoint=os.environ.get("HF_ENDPOINT") or None,
-        )
+        folder = _snapshot(hub_cache, model, endpoint=os.environ.get("HF_ENDPOINT") or None)
     except HfHubHTTPError as exc:
         raise EnvironmentFailure(
             f"the hub refused {model.repo}@{model.revision[:12]}: {exc}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from envbuild.apply.generations import Generation
-from envbuild.apply.host import Host
+from envbuild.apply.host import HostAccess
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.probe import SystemProbe
 from envbuild.apply.services import Systemctl
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 UNITS = "envbuild-*"
 
 
-def write_snapshot(host: Host, gen: Generation, inp: ApplyInput) -> str:
+def write_snapshot(host: HostAccess, gen: Generation, inp: ApplyInput) -> str:
     probe = host.probe
     snap = take_snapshot(
         Options(

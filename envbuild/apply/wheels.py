@@ -21,7 +21,7 @@ from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.venv import WHEELS, StoreWheel
 from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.spec.load import LoadedSpec
-from envbuild.store.core import Store, default_store, derivation_key
+from envbuild.store.core import Store, default_store
 
 if TYPE_CHECKING:
     from envbuild.sourcebuild.sources import RealizedWheel
@@ -124,8 +124,8 @@ class StoreWheels(WheelProvider):
         if not inp.lock.envbuild.builds:
             return {}
         from envbuild.sourcebuild.builder import HostBuilder
-        from envbuild.sourcebuild.inputs import inputs_of
-        from envbuild.sourcebuild.requests import KIND, build_requests
+        from envbuild.sourcebuild.inputs import build_key
+        from envbuild.sourcebuild.requests import build_requests
 
         builder = HostBuilder(inp.spec.python.version)
         out = {}
@@ -136,7 +136,7 @@ class StoreWheels(WheelProvider):
                 out[req.dist] = req.needs_cuda  # no compiler: it cannot be in the store
                 continue
             # in this store, or in the remote cache in front of it (nothing to compile then)
-            if not self.store.available(derivation_key(KIND, inputs_of(req, toolchain, builder))):
+            if not self.store.available(build_key(req, toolchain, builder)):
                 out[req.dist] = req.needs_cuda
         return out
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
@@ -35,7 +34,7 @@ from envbuild.build.install import WheelRef
 from envbuild.build.manifest import BuildManifest
 from envbuild.build.outputs import SBOM_FILE, Sbom
 from envbuild.build.plan import Plan
-from envbuild.errors import IntegrityError, ManifestError
+from envbuild.errors import InputFileError, IntegrityError, ManifestError
 from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
 from envbuild.lock.model import DebianBaseLock, Lock
 from envbuild.progress import NULL, Progress
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 MEDIA_TYPE = "application/vnd.cyclonedx+json"
 EMPTY = "application/vnd.oci.empty.v1+json"
 EMPTY_JSON = b"{}"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 #: Bumped whenever the same inputs would give another document.
 SBOM_FORMAT = 1
 _NS = uuid.UUID("6f1d3f1e-2b9c-4c55-9a43-6a1b7de0c0a1")  # envbuild's namespace for serial numbers
@@ -211,7 +209,7 @@ def artifact_manifest(subject: dict[str, Any], sbom: bytes, *, created: str) -> 
     them."""
     manifest = {
         "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
+        "mediaType": oci.OCI_MANIFEST,
         "artifactType": MEDIA_TYPE,
         "config": {"mediaType": EMPTY, **_descriptor(EMPTY_JSON)},
         "layers": [{"mediaType": MEDIA_TYPE, **_descriptor(sbom),
@@ -231,17 +229,18 @@ def attach(layout: Path, sbom: bytes, *, created: str) -> str:
     entry of ``index.json`` without an ``artifactType``), replacing an SBOM entry listed
     before; returns the artifact manifest's digest. (A build does not use this: its output
     folder gets the referrer from the store, see :func:`artifact_manifest`.)"""
-    index_path = layout / "index.json"
-    index = json.loads(index_path.read_bytes())
-    images = [m for m in index.get("manifests", []) if "artifactType" not in m]
+    images = oci.read_index(layout).images
     if len(images) != 1:
         raise ManifestError(f"{layout}: expected one image in index.json, found {len(images)}")
-    data = artifact_manifest(images[0], sbom, created=created)
+    data = artifact_manifest(images[0].to_json(), sbom, created=created)
+    # rewritten from the document itself, so what the reader does not model stays as it was
+    index_path = layout / "index.json"
+    index = json.loads(index_path.read_bytes())
     for blob in (EMPTY_JSON, sbom, data):
         path = layout / "blobs" / "sha256" / sha256_bytes(blob)
         if not path.is_file():
             write_atomic(path, blob)
-    desc = {"mediaType": OCI_MANIFEST, "artifactType": MEDIA_TYPE, **_descriptor(data)}
+    desc = {"mediaType": oci.OCI_MANIFEST, "artifactType": MEDIA_TYPE, **_descriptor(data)}
     others = [m for m in index.get("manifests", []) if m.get("artifactType") != MEDIA_TYPE]
     new = compact_json({**index, "manifests": [*others, desc]})
     if index_path.read_bytes() != new:
@@ -256,19 +255,17 @@ def read_attached(layout: Path) -> bytes:
     blob does not match its digest)."""
     try:
         return _read_attached(layout)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (InputFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ManifestError(f"{layout}: no readable SBOM: {exc}") from None
 
 
 def _read_attached(layout: Path) -> bytes:
-    index = json.loads((layout / "index.json").read_bytes())
-    entries = index.get("manifests", [])
-    images = [m for m in entries if "artifactType" not in m]
-    sboms = [m for m in entries if m.get("artifactType") == MEDIA_TYPE]
-    if len(images) != 1 or len(sboms) != 1:
+    index = oci.read_index(layout)
+    sboms = [m.to_json() for m in index.manifests if m.artifact_type == MEDIA_TYPE]
+    if len(index.images) != 1 or len(sboms) != 1:
         raise ManifestError(f"{layout}: no single image with a single SBOM in index.json")
     manifest = json.loads(_verified(layout, sboms[0]))
-    if (manifest.get("subject") or {}).get("digest") != images[0]["digest"]:
+    if (manifest.get("subject") or {}).get("digest") != index.images[0].digest:
         raise IntegrityError(f"{layout}: the SBOM's subject is not the layout's image")
     layers = manifest["layers"]
     if not isinstance(layers, list) or len(layers) != 1:
@@ -278,7 +275,7 @@ def _read_attached(layout: Path) -> bytes:
 
 def _verified(layout: Path, desc: dict[str, Any]) -> bytes:
     digest = str(desc.get("digest", ""))
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+    if not oci.DIGEST_RE.fullmatch(digest):
         raise ManifestError(f"{layout}: bad digest {digest[:80]!r}")
     data = (layout / "blobs" / "sha256" / digest.removeprefix("sha256:")).read_bytes()
     if f"sha256:{sha256_bytes(data)}" != digest or len(data) != desc.get("size"):
@@ -335,7 +332,7 @@ def image_sbom(
     art = drv.outputs["manifest"]
     referrer = ocilayout.Referrer(
         descriptor={
-            "mediaType": OCI_MANIFEST,
+            "mediaType": oci.OCI_MANIFEST,
             "artifactType": MEDIA_TYPE,
             "digest": art,
             "size": store.blob_path(art).stat().st_size,

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
-def _cache_stats(host: hostmod.Host) -> CacheStats | None:
+def _cache_stats(host: hostmod.HostAccess) -> CacheStats | None:
     wheels = host.wheels
     if isinstance(wheels, StoreWheels) and isinstance(wheels.store, CachedStore):
         return wheels.store.remote.stats

@@ -24,16 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import IntegrityError, RegistryError, RegistryUnreachable
+from envbuild.oci import DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST
 from envbuild.registry.auth import Credentials, config_files, find_credentials
 
 log = logging.getLogger(__name__)
 
-MANIFEST_TYPES = (
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
+#: What a manifest request accepts (the Accept header, in this order).
+MANIFEST_TYPES = (OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST)
 SYSTEM_CERT_DIRS = (Path("/etc/containers/certs.d"), Path("/etc/docker/certs.d"))
 TIMEOUT = 60.0
 

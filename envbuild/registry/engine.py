@@ -30,7 +30,7 @@ from envbuild.build import layers
 from envbuild.engine import ContainerEngine
 from envbuild.errors import ToolFailed
 from envbuild.fsio import compact_json
-from envbuild.oci import OCI_MANIFEST, REF_NAME, Descriptor, LayoutImage
+from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME, Descriptor, LayoutImage
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials
 from envbuild.registry.layout import add_blob
@@ -39,7 +39,6 @@ from envbuild.registry.transport import Copied, Transport, classify
 
 log = logging.getLogger(__name__)
 
-OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 EXISTS = ("Layer already exists", "Mounted from")
 

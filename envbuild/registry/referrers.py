@@ -16,22 +16,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import IntegrityError, ManifestError, RegistryError
+from envbuild.errors import InputFileError, IntegrityError, ManifestError, RegistryError
 from envbuild.fsio import compact_json, write_atomic
+from envbuild.oci import DIGEST_RE, OCI_INDEX, OCI_MANIFEST, read_index
 from envbuild.registry.api import RegistryApi
 
 log = logging.getLogger(__name__)
 
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MAX_DOCUMENT = 4 << 20  # a manifest, an index or an SBOM: never read more than this
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _sha(data: bytes) -> str:
@@ -47,23 +44,20 @@ def layout_referrers(layout: Path, subject: str) -> list[dict[str, Any]]:
     (each manifest read and checked; a broken one is a ManifestError or IntegrityError)."""
     try:
         return _layout_referrers(layout, subject)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (InputFileError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ManifestError(f"{layout}: a broken artifact in index.json: {exc}") from None
 
 
 def _layout_referrers(layout: Path, subject: str) -> list[dict[str, Any]]:
-    index = json.loads((layout / "index.json").read_bytes())
     out = []
-    for desc in index.get("manifests", []):
-        if not isinstance(desc, dict) or "artifactType" not in desc:
+    for desc in read_index(layout).manifests:
+        if desc.artifact_type is None:
             continue
-        if not DIGEST.fullmatch(str(desc.get("digest"))):
-            raise ManifestError(f"{layout}: bad digest {str(desc.get('digest'))[:80]!r}")
-        data = _blob_path(layout, str(desc["digest"])).read_bytes()
-        if _sha(data) != desc["digest"]:
-            raise IntegrityError(f"{layout}: artifact manifest {desc['digest']} is corrupt")
+        data = _blob_path(layout, desc.digest).read_bytes()
+        if _sha(data) != desc.digest:
+            raise IntegrityError(f"{layout}: artifact manifest {desc.digest} is corrupt")
         if (json.loads(data).get("subject") or {}).get("digest") == subject:
-            out.append(desc)
+            out.append(desc.to_json())
     return out
 
 
@@ -176,7 +170,7 @@ def _pull(api: RegistryApi, subject: str, layout: Path, wanted: set[str]) -> lis
         if desc.get("artifactType") not in wanted:
             continue
         digest = str(desc.get("digest", ""))
-        if not DIGEST.fullmatch(digest):
+        if not DIGEST_RE.fullmatch(digest):
             raise IntegrityError(f"registry {api.registry}: bad referrer digest {digest[:80]!r}")
         data = _get(api, f"/v2/{api.repository}/manifests/{digest}", (OCI_MANIFEST,))
         if data is None or _sha(data) != digest:
@@ -186,7 +180,7 @@ def _pull(api: RegistryApi, subject: str, layout: Path, wanted: set[str]) -> lis
             raise IntegrityError(f"referrer {digest} does not name {subject} as its subject")
         for blob in [manifest["config"], *manifest.get("layers", [])]:
             d = str(blob["digest"])
-            if not DIGEST.fullmatch(d):
+            if not DIGEST_RE.fullmatch(d):
                 raise IntegrityError(f"registry {api.registry}: bad blob digest {d[:80]!r}")
             content = _get(api, f"/v2/{api.repository}/blobs/{d}", ())
             if content is None or _sha(content) != d or len(content) != blob.get("size"):

@@ -6,7 +6,8 @@ compilers as found (gcc, g++, nvcc), the declared build flags (``FLASH_ATTENTION
 forced for flash-attn, so it never fetches a prebuilt wheel), the build requirements, the build
 venv's locked pins (:mod:`envbuild.sourcebuild.closure`), the knowledge base's sdist patches
 (:func:`sdist_patches`) and the builder's identity; no host path, secret or time. Their canonical
-JSON names the derivation (:func:`envbuild.store.core.derivation_key`). ``MAX_JOBS`` and
+JSON names the derivation (:func:`build_key`, the one place the key is made from them, for a
+build and for every lookup that asks whether one is needed). ``MAX_JOBS`` and
 ``NVCC_THREADS`` (:data:`SPEED_ENV`) change the build's speed, not its output: never inputs.
 
 :func:`diff_inputs` compares two input sets as dotted keys, a list item by item
@@ -30,7 +31,7 @@ from envbuild.sourcebuild.builder import Builder, Toolchain
 from envbuild.sourcebuild.closure import EXTRA_REQUIRES
 from envbuild.sourcebuild.requests import KIND, SourceBuildRequest
 from envbuild.spec import knowledge
-from envbuild.store.core import Derivation, Store
+from envbuild.store.core import Derivation, Store, derivation_key
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,13 @@ def inputs_of(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -
         "builder": builder.identity(),
         **(patched if patched["source_patches"] else {}),
     }
+
+
+def build_key(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -> str:
+    """The store key of ``req`` built with ``toolchain`` by ``builder``: the source-build
+    derivation of :func:`inputs_of` (what :func:`envbuild.sourcebuild.realise.realize` builds
+    under, and what the store, its remote cache or a plan is asked about)."""
+    return derivation_key(KIND, inputs_of(req, toolchain, builder))
 
 
 class SdistPatch(_Model):

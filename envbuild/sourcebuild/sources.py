@@ -36,7 +36,7 @@ from envbuild.lock import Lock
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder
-from envbuild.sourcebuild.inputs import inputs_of
+from envbuild.sourcebuild.inputs import build_key
 from envbuild.sourcebuild.realise import BuildResult, realize
 from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 from envbuild.sourcebuild.requests import build_requests, patch_sets
@@ -226,7 +226,7 @@ def stored_sources(
     out: dict[str, RealizedWheel] = {}
     for req in build_requests(loaded, lock):
         toolchain = builder.probe(cuda=req.needs_cuda)
-        drv = store.lookup(derivation_key(BUILD_KIND, inputs_of(req, toolchain, builder)))
+        drv = store.lookup(build_key(req, toolchain, builder))
         if drv is None:
             return None
         wheel = str(drv.meta.get("wheel", ""))

@@ -26,7 +26,7 @@ from envbuild.sourcebuild.audit import Audit
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.checks import check_archs, check_wheel_file
 from envbuild.sourcebuild.closure import RequiresOf
-from envbuild.sourcebuild.inputs import inputs_of
+from envbuild.sourcebuild.inputs import build_key
 from envbuild.sourcebuild.jobs import JobsPlan, plan_jobs
 from envbuild.sourcebuild.patches import KIND as PATCH_KIND
 from envbuild.sourcebuild.realise import BuildResult, add_wheel
@@ -34,7 +34,7 @@ from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 from envbuild.sourcebuild.requests import build_requests, describe
 from envbuild.sourcebuild.toolchain import Nvcc
 from envbuild.spec.load import LoadedSpec
-from envbuild.store.core import Store, derivation_key
+from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,7 @@ def build_costs(
         jobs = plan_jobs(req, memory=memory, cores=cores)
         toolchain = builder.probe(cuda=req.needs_cuda)
         check_archs(req, toolchain)
-        inputs = inputs_of(req, toolchain, builder)
-        key = derivation_key(BUILD_KIND, inputs)
+        key = build_key(req, toolchain, builder)
         nvcc = nvcc_found(toolchain.nvcc, spec_cuda) if toolchain.nvcc else None
         warnings = [w for w in (nvcc.warning if nvcc else None, jobs.warning()) if w]
         out.append(

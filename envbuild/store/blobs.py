@@ -27,8 +27,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -36,7 +34,8 @@ from pathlib import Path
 from typing import IO, Self
 
 from envbuild.errors import IntegrityError, StoreError
-from envbuild.fsio import fsync_dir
+from envbuild.fsio import fsync_dir, rmtree
+from envbuild.oci import DIGEST_RE
 from envbuild.store.stamps import Stamps
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,6 @@ log = logging.getLogger(__name__)
 #: Bumped when the meaning of a derivation key or the layout changes; part of every key.
 STORE_FORMAT = 1
 CHUNK = 1 << 20
-DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -376,17 +374,3 @@ class BlobStore:
             raise store_error(self.root, exc, f"writing {path.name}") from exc
         finally:
             Path(name).unlink(missing_ok=True)
-
-
-def rmtree(path: Path) -> None:
-    """Remove a file or a tree, read-only directories included."""
-    if not path.is_dir() or path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
-    try:
-        shutil.rmtree(path)
-    except OSError:
-        for dirpath, _dirs, _files in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o755)
-        shutil.rmtree(path, ignore_errors=True)

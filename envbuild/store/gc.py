@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envbuild.store.blobs import digest_hex, rmtree
+from envbuild.fsio import rmtree
+from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Derivation, Root, Store
 
 log = logging.getLogger(__name__)

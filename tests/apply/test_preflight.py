@@ -98,14 +98,14 @@ def test_no_gpu_facts_is_an_environment_failure(
 ) -> None:
     """The real probe on this machine (no NVIDIA driver): preflight says why, exit 3."""
     from envbuild.apply import host as hostmod
-    from envbuild.apply.host import Host
+    from envbuild.apply.host import HostAccess
     from envbuild.apply.services import NoServices
 
     spec = experiment("tiny-a")
     monkeypatch.setattr(
         hostmod,
         "real_host",
-        lambda root, hf_home: Host(Paths(root, hf_home), SystemProbe(), NoServices("test")),
+        lambda root, hf_home: HostAccess(Paths(root, hf_home), SystemProbe(), NoServices("test")),
     )
     r = cli("apply", spec, "--root", tmp_path / "r", "--dry-run", "--json")
     if r.json()["preflight"]["checks"][0]["status"] == "ok":

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envbuild import oci
 from envbuild.build import sbom
 from envbuild.errors import IntegrityError, ManifestError
 
@@ -54,8 +55,9 @@ def _layout(tmp_path: Path) -> Path:
 
     digest = hashlib.sha256(image).hexdigest()
     (root / "blobs" / "sha256" / digest).write_bytes(image)
-    desc = {"mediaType": sbom.OCI_MANIFEST, "digest": f"sha256:{digest}", "size": len(image)}
+    desc = {"mediaType": oci.OCI_MANIFEST, "digest": f"sha256:{digest}", "size": len(image)}
     (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [desc]}))
+    (root / "oci-layout").write_bytes(oci.OCI_LAYOUT)
     return root
 
 
@@ -71,6 +73,15 @@ def test_attach_then_read_gives_the_bytes_back_and_attach_is_idempotent(tmp_path
     index = json.loads((root / "index.json").read_text())
     assert len(index["manifests"]) == 2
     assert sbom.read_attached(root) == b'{"bomFormat":"CycloneDX","version":2}\n'
+
+
+def test_a_folder_without_oci_layout_holds_no_sbom(tmp_path: Path):
+    # the reader is envbuild.oci's, which refuses a folder that is not an OCI layout
+    root = _layout(tmp_path)
+    sbom.attach(root, b"{}\n", created="2026-01-01T00:00:00Z")
+    (root / "oci-layout").unlink()
+    with pytest.raises(ManifestError, match="not an OCI image layout"):
+        sbom.read_attached(root)
 
 
 json_values = st.recursive(

@@ -211,12 +211,12 @@ def test_the_next_run_sweeps_its_own_kind_only(temp_root: Path) -> None:
 
 
 def test_every_temporary_folder_of_envbuild_is_made_by_scratch() -> None:
-    """Only envbuild/scratch.py (and the store, whose tmp/ gc empties under its lock) makes
+    """Only envbuild/scratch.py (and store/blobs.py, whose tmp/ gc empties under its lock) makes
     temporary folders: one made elsewhere would be left behind by a killed run."""
     import envbuild
 
     package = Path(envbuild.__file__).parent
-    allowed = {package / "scratch.py", package / "store" / "core.py"}
+    allowed = {package / "scratch.py", package / "store" / "blobs.py"}
     makers = re.compile(r"\b(?:TemporaryDirectory|mkdtemp)\(")
     found = [
         str(p.relative_to(package))

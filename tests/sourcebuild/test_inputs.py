@@ -24,7 +24,7 @@ from envbuild.lock.model import (
 )
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.closure import build_closure, build_roots, wheel_requires
-from envbuild.sourcebuild.inputs import diff_inputs, inputs_of
+from envbuild.sourcebuild.inputs import build_key, diff_inputs, inputs_of
 from envbuild.sourcebuild.realise import realize
 from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, build_requests
 from envbuild.spec.load import LoadedSpec, load_spec
@@ -96,7 +96,11 @@ def lock_with(
 
 
 def key_of(req: SourceBuildRequest) -> str:
-    return derivation_key("source-build", inputs_of(req, TOOLCHAIN, builder_for(Path())))
+    builder = builder_for(Path())
+    key = build_key(req, TOOLCHAIN, builder)
+    # the key every lookup asks about is the store's key of the inputs a build records
+    assert key == derivation_key("source-build", inputs_of(req, TOOLCHAIN, builder))
+    return key
 
 
 def changed(old: SourceBuildRequest, new: SourceBuildRequest) -> list[str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild.apply.host import Host
+from envbuild.apply.host import HostAccess
 from envbuild.apply.paths import HF_HOME, Paths
 from envbuild.apply.probe import SystemProbe
 from envbuild.apply.services import ServiceManager, UnitState
@@ -321,7 +321,7 @@ def fake_host(
     driver: str = "590.48.01",
     gpu_name: str = "NVIDIA H200",
     other_holders: tuple[int, ...] = (),
-) -> Host:
+) -> HostAccess:
     """A machine under ``root`` with fake GPUs and a fake systemd; everything else is real.
     ``other_holders``: pids outside any unit that hold GPU memory too."""
     paths = Paths(Path(root), hf_home)
@@ -333,4 +333,4 @@ def fake_host(
         holders=lambda: [*services.running_pids(), *other_holders],
     )
     probe = SystemProbe(nvml, proc_root=services.proc_root)
-    return Host(paths, probe, services, StoreWheels())
+    return HostAccess(paths, probe, services, StoreWheels())

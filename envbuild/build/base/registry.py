@@ -24,7 +24,8 @@ from envbuild.build.base.rootfs import base_from_output, import_image
 from envbuild.build.base.tarsafe import Limits
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
-from envbuild.store.blobs import DIGEST_RE, digest_hex
+from envbuild.oci import DIGEST_RE, INDEX_TYPES
+from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,6 @@ log = logging.getLogger(__name__)
 #: read again.
 RECIPE = 2
 HINT = "check that the registry answers and holds that digest (skopeo: apt-get install skopeo)"
-INDEX_TYPES = (
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-)
 
 
 def _tls(tls_verify: bool, flag: str = "--src-tls-verify") -> list[str]:
