@@ -48,7 +48,7 @@ TITLE = "org.opencontainers.image.title"
 #: The ``oci-layout`` file envbuild writes.
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'
 
-DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+DIGEST_RE = re.compile(r"^sha256:([0-9a-f]{64})\Z")
 #: The most bytes ``index.json``, ``oci-layout``, a manifest or an index may have (what
 #: registries accept for a manifest).
 MAX_DOCUMENT = 4 << 20

@@ -405,3 +405,12 @@ def test_a_damaged_good_layout(tmp_path: Path, target: str, mutation: str, at: i
         path.write_bytes(data)
     image = read_all(root)
     assert image is None or image == good
+
+
+def test_a_digest_with_a_trailing_newline_is_not_a_digest() -> None:
+    """``$`` would let ``sha256:<hex>\\n`` through: a path built from it then names another file."""
+    from envbuild.oci import DIGEST_RE
+
+    good = "sha256:" + "a" * 64
+    assert DIGEST_RE.match(good)
+    assert not DIGEST_RE.match(good + "\n")
