@@ -7,13 +7,15 @@ no ``finally``) at the N-th file-system step of writing the output folder.
 The steps counted, from the moment the image stage starts writing the folder: every
 ``os.replace``, ``os.rename``, ``os.link``, ``os.unlink``, ``os.fsync``, ``os.mkdir`` and every
 1 MiB buffer of a tar written out. With N = 0 the run finishes and the last line of stderr
-says how many steps it took (``killpoint steps: K``), so a test can pick points among them.
+says how many steps it took (``killpoint steps: K``), so a test can pick points among them. A
+pause waits at the first step from N on that the main thread takes (where Ctrl-C lands).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +25,7 @@ from envbuild.build import outputs, tarwrite
 from envbuild.cli import main
 
 KILL_AT = int(sys.argv[1])
-state = {"steps": 0, "armed": False}
+state = {"steps": 0, "armed": False, "paused": False}
 
 
 LOG = os.environ.get("KILLPOINT_LOG")
@@ -37,7 +39,15 @@ def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             state["steps"] += 1
             if state["steps"] == KILL_AT:
                 os._exit(137)
-            if PAUSE and state["steps"] == int(PAUSE.split(":", 1)[0]):
+            if (
+                PAUSE
+                and not state["paused"]
+                and state["steps"] >= int(PAUSE.split(":", 1)[0])
+                and threading.current_thread() is threading.main_thread()
+            ):
+                # in the main thread only, where a signal lands: a pause in a worker thread
+                # would hold the process's exit after Ctrl-C for the whole sleep
+                state["paused"] = True
                 open(PAUSE.split(":", 1)[1], "w").close()
                 time.sleep(60)
             if LOG:
