@@ -148,7 +148,12 @@ def test_the_found_case_with_a_real_signal(
     index = json.loads((out / "oci" / "index.json").read_bytes())
     assert index["manifests"][0]["digest"] != image_a  # X/oci/index.json has changed
     child.send_signal(sig)
-    _, err = child.communicate(timeout=60)
+    try:
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:  # a hang fails here, and leaves no process behind
+            child.kill()
+            child.communicate()
     assert child.returncode == (-9 if sig == signal.SIGKILL else 130), err
     assert folder_image(out) is None
     again = cli(*build_args(repo, spec_a, out))

@@ -239,7 +239,12 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     workers = [int(p.name) for p in tmp_path.iterdir()]
     assert len(workers) == 3, "the workers did not start"
     parent.send_signal(signal.SIGINT)
-    _, err = parent.communicate(timeout=20)  # not the 60 s each busy worker would take
+    try:
+        _, err = parent.communicate(timeout=20)  # not the 60 s each busy worker would take
+    finally:
+        if parent.poll() is None:  # a hang fails here, and leaves no process behind
+            parent.kill()
+            parent.communicate()
     assert parent.returncode != 0 and "KeyboardInterrupt" in err, err
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
