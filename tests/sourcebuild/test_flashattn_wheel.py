@@ -22,7 +22,7 @@ from envbuild.sourcebuild.audit import audit_wheel
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.inputs import inputs_of
 from envbuild.sourcebuild.requests import KIND, build_requests
-from envbuild.sourcebuild.toolchain import find_nvcc
+from envbuild.sourcebuild.toolchain import find_cuobjdump, find_nvcc
 from envbuild.spec.load import load_spec
 from envbuild.store.core import Store, derivation_key
 
@@ -56,7 +56,10 @@ def built() -> tuple[Path, str, list[str]]:
 def test_the_wheel_holds_sass_for_sm_120_only(built: tuple[Path, str, list[str]]) -> None:
     blob, name, _ = built
     audit = audit_wheel(blob)
-    assert audit.sass == ["sm_120"] and audit.ptx == [] and audit.lto == []
+    assert audit.sass == ["sm_120"] and audit.ptx == []
+    assert [f.lto for f in audit.files] == [[]]  # one compiled file, no LTO-IR either
+    if cuobjdump := find_cuobjdump():  # NVIDIA's own reader agrees
+        assert audit_wheel(blob, tool=cuobjdump).sass == ["sm_120"]
     assert name.startswith("flash_attn-2.8.3.post2-cp311-cp311-linux_x86_64")
 
 
