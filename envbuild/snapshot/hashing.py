@@ -1,33 +1,36 @@
 """Looking at many files in parallel, close to what the machine's cores can hash.
 
 :func:`run_jobs` runs jobs in a pool of forked processes, one per core, or in threads. Big jobs
-fork: threads stall far below what the cores can hash (the GIL around each small file's
-open/read/close, and page faults of one address space; bench/RESULTS.md has the figures). The
-workers inherit the jobs when they are forked and take their numbers from a shared counter,
-first come first served; the caller orders them costliest first (longest-processing-time-first
+fork: measured on a 16-core H200 machine, threads stalled at ~1.7 GB/s (the GIL around each
+small file's open/read/close, and page faults of one address space), far below the 17 GB/s the
+cores can hash. The children inherit the jobs and take their numbers from a pipe, first come
+first served; the caller orders them costliest first (longest-processing-time-first
 scheduling). Small jobs, or a process that already runs other threads (fork would be unsafe),
 use threads. :func:`hash_one` uses bare file descriptors (one ``read`` of a small file, a
-mapping of a big one); a FIFO is opened non-blocking and never read. :func:`hash_files` hashes
-a list of paths, big files alone and small ones in batches.
+mapping of a big one); a FIFO is opened non-blocking and never read. :func:`hash_files` hashes a
+list of paths, big files alone and small ones in batches.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import logging
 import mmap
-import multiprocessing
 import os
+import pickle
 import signal
 import stat
+import struct
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, NamedTuple, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, NamedTuple, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -163,86 +166,72 @@ R = TypeVar("R")
 Work = Callable[[J, "bytearray | None"], R]
 
 
-#: What a forked worker inherits from the parent that forked it: the jobs, the work, and the
-#: shared counter that hands out job numbers.
-_inherited: tuple[Sequence[Any], Work[Any, Any], Any] | None = None
-
-
-def _start_worker(jobs: Sequence[J], work: Work[J, R], counter: Any) -> None:
-    """In a freshly forked worker: keep the jobs, the work and the counter (inherited, never
-    pickled). Ctrl-C is the parent's to handle (it stops every worker), so a worker ignores
-    SIGINT rather than dying half-way through a job."""
-    global _inherited  # noqa: PLW0603 (the state of this worker process)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _inherited = (jobs, work, counter)
-
-
-def _drain() -> list[tuple[int, Any]]:
-    """In a worker: take the next job number from the shared counter and do that job, until
-    none is left; each job's number and result. (One task per worker that takes jobs itself
-    costs a lock per job; one task per job would cost a round trip through the executor.)"""
-    assert _inherited is not None, "a job ran outside a hashing worker"
-    jobs, work, counter = _inherited
+def _worker(jobs: Sequence[J], work: Work[J, R], tickets: int, out: IO[bytes]) -> None:
+    """In a forked child: take job numbers from the ``tickets`` pipe until it is empty, and
+    pickle each job's number and result into ``out``."""
+    done: list[tuple[int, R]] = []
     buffer = bytearray(BIG + 1)
-    done: list[tuple[int, Any]] = []
-    while True:
-        with counter.get_lock():
-            number = counter.value
-            counter.value = number + 1
-        if number >= len(jobs):
-            return done
+    while len(ticket := os.read(tickets, 4)) == 4:  # a pipe read of 4 bytes is atomic
+        (number,) = struct.unpack("=I", ticket)
         done.append((number, work(jobs[number], buffer)))
+    pickle.dump(done, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.flush()
 
 
 def _in_processes(
     jobs: Sequence[J], work: Work[J, R], workers: int, meanwhile: Callable[[], object] | None
 ) -> list[R]:
-    """Run ``work`` on each of ``jobs`` in ``workers`` forked processes (a
-    :class:`~concurrent.futures.ProcessPoolExecutor` of the fork context), each job taken by
-    the first free worker in the jobs' order. The workers inherit the jobs and the work when
-    they are forked (nothing is pickled on the way in) and send their results back when the
-    jobs run out. This process runs ``meanwhile`` while they work. A job that raises, or a
-    worker that dies, is an :class:`OSError`; any error here, Ctrl-C included, stops every
-    worker before it returns."""
-    context = multiprocessing.get_context("fork")
-    counter = context.Value("q", 0)
-    count = min(workers, len(jobs))
-    pool = ProcessPoolExecutor(
-        max_workers=count,
-        mp_context=context,
-        initializer=_start_worker,
-        initargs=(jobs, work, counter),
-    )
+    """Run ``work`` on each of ``jobs`` (in this order, each taken by the first free worker)
+    in ``workers`` forked children. The children inherit the jobs (nothing is pickled on the
+    way in), take job numbers from a pipe written before the fork, and leave their results in
+    a temporary file each, so they never wait for this process, which runs ``meanwhile``."""
+    tickets, feed = os.pipe()
+    outs: list[IO[bytes]] = []
+    children: list[int] = []
+    files = contextlib.ExitStack()
     try:
-        futures = [pool.submit(_drain) for _ in range(count)]
+        with contextlib.suppress(OSError):  # room for every ticket (a pipe is 64 KiB at first)
+            fcntl.fcntl(feed, fcntl.F_SETPIPE_SZ, max(4 * len(jobs), 4096))
+        os.set_blocking(feed, False)
+        numbers = b"".join(struct.pack("=I", i) for i in range(len(jobs)))
+        if os.write(feed, numbers) != len(numbers):
+            raise BlockingIOError("the ticket pipe is too small")
+        os.close(feed)
+        feed = -1
+        for _ in range(min(workers, len(jobs))):
+            outs.append(files.enter_context(tempfile.TemporaryFile()))  # noqa: SIM115 (closed by files)
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                code = 1
+                try:
+                    _worker(jobs, work, tickets, outs[-1])
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            children.append(pid)
         if meanwhile is not None:
             meanwhile()
+        failed = [pid for pid in children if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]
+        children = []
+        if failed:
+            raise OSError(f"{len(failed)} hashing worker(s) failed")
         results: list[R | None] = [None] * len(jobs)
-        try:
-            for future in futures:
-                for number, result in future.result():
-                    results[number] = result
-        except BrokenProcessPool as exc:
-            raise OSError(f"a hashing worker died ({exc})") from exc
-        except Exception as exc:
-            raise OSError(f"a hashing worker failed: {exc!r}") from exc
-    except BaseException:
-        _stop(pool)
-        raise
-    pool.shutdown()
-    return results  # type: ignore[return-value]  # every job was done: no None left
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """Stop ``pool`` now: its queued jobs are dropped and its workers killed, not waited for.
-    (Python 3.14's ``ProcessPoolExecutor.terminate_workers`` does the same.)"""
-    workers = list((pool._processes or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for worker in workers:
-        with contextlib.suppress(OSError):
-            worker.kill()
-    for worker in workers:
-        worker.join()
+        for left in outs:
+            left.seek(0)
+            for number, result in pickle.load(left):
+                results[number] = result
+        return results  # type: ignore[return-value]  # every ticket was taken: no None left
+    finally:
+        for pid in children:  # only after an error here
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        files.close()
+        os.close(tickets)
+        if feed >= 0:
+            os.close(feed)
 
 
 def run_jobs(
@@ -255,7 +244,7 @@ def run_jobs(
 ) -> list[R]:
     """``work(job, buffer)`` for each job, in forked processes (``processes``: the caller has
     checked :func:`forkable`) or in threads; ``meanwhile`` runs in this process while they do.
-    Results come back in the jobs' order, whatever order the jobs finish in."""
+    Results come back in the jobs' order."""
     if processes:
         return _in_processes(jobs, work, workers, meanwhile)
     with ThreadPoolExecutor(max_workers=workers) as threads:

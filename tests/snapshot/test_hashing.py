@@ -1,17 +1,13 @@
-"""The parallel hasher: forked workers and threads give the same answers as hashlib; the forked
-pool gives results in the jobs' order, turns a failed or killed worker into an error and stops
-every worker on Ctrl-C."""
+"""The parallel hasher: forked workers and threads give the same answers as hashlib."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -165,88 +161,3 @@ def test_largest_files_go_first_and_small_ones_in_batches(tree: dict[str, int]) 
     assert sizes[0] == 3 * hashing.BIG + 17
     assert sorted(p for b in batches for p in b) == sorted(tree)
     assert all(len(b) <= hashing.BATCH_FILES for b in batches)
-
-
-# The pool itself, in a fresh interpreter (it forks only there): the jobs' order whatever order
-# they finish in, a worker killed mid-job, and Ctrl-C while the workers are busy.
-_POOL = """
-import json, os, signal, sys, time
-from pathlib import Path
-from envbuild.snapshot import hashing
-mode, folder = sys.argv[1], Path(sys.argv[2])
-
-def slower_first(job, buffer):
-    time.sleep(0.05 * (5 - job))  # the first jobs finish last
-    return (job, os.getpid(), len(buffer))
-
-def killed(job, buffer):
-    if job == 3:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return job
-
-def busy(job, buffer):
-    (folder / str(os.getpid())).touch()
-    time.sleep(60)
-
-work = {"order": slower_first, "killed": killed, "interrupted": busy}[mode]
-try:
-    got = hashing.run_jobs(list(range(6)), work, workers=3, processes=True)
-except OSError as exc:
-    print("error:", exc)
-    sys.exit(0)
-print(json.dumps(got))
-"""
-
-
-def run_pool(mode: str, folder: Path, **kwargs: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", _POOL, mode, str(folder)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        **kwargs,
-    )
-
-
-def test_the_pool_gives_results_in_the_jobs_order(tmp_path: Path) -> None:
-    out, err = run_pool("order", tmp_path).communicate(timeout=60)
-    got = json.loads(out)
-    assert [job for job, _, _ in got] == list(range(6)), err
-    assert len({pid for _, pid, _ in got}) > 1  # more than one worker took jobs
-    assert {size for _, _, size in got} == {hashing.BIG + 1}  # each its reusable buffer
-
-
-def test_a_killed_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
-    out, err = run_pool("killed", tmp_path).communicate(timeout=60)
-    assert out.startswith("error: ") and "hashing worker" in out, (out, err)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat_line = Path(f"/proc/{pid}/stat").read_text()
-    return stat_line.rpartition(")")[2].split()[0] != "Z"  # a zombie has stopped
-
-
-def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
-    parent = run_pool("interrupted", tmp_path)
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.iterdir())) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    workers = [int(p.name) for p in tmp_path.iterdir()]
-    assert len(workers) == 3, "the workers did not start"
-    parent.send_signal(signal.SIGINT)
-    try:
-        _, err = parent.communicate(timeout=20)  # not the 60 s each busy worker would take
-    finally:
-        if parent.poll() is None:  # a hang fails here, and leaves no process behind
-            parent.kill()
-            parent.communicate()
-    assert parent.returncode != 0 and "KeyboardInterrupt" in err, err
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [pid for pid in workers if _alive(pid)], "a worker outlived Ctrl-C"
