@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.fsevents import record_syncs
 
 from envbuild.apply import generations as gens
 from envbuild.apply.paths import Paths
@@ -19,19 +20,7 @@ def test_set_current_syncs_the_state_folder_after_the_rename(
     paths.generations.mkdir(parents=True)
     gen = gens.Generation(3, paths.generations / "3-abc", None)  # type: ignore[arg-type]
     gen.path.mkdir()
-    events: list[tuple[str, str]] = []
-    fsync, replace = os.fsync, os.replace
-
-    def recording_fsync(fd: int) -> None:
-        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-        fsync(fd)
-
-    def recording_replace(src: str | Path, dst: str | Path) -> None:
-        events.append(("replace", str(dst)))
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
-    monkeypatch.setattr(os, "replace", recording_replace)
+    events = record_syncs(monkeypatch)
     gens.set_current(paths, gen)
     assert os.readlink(paths.current) == "generations/3-abc"
     assert events == [("replace", str(paths.current)), ("fsync", str(paths.state))]
