@@ -59,16 +59,21 @@ def run(args: argparse.Namespace) -> int:
     for name in result.removed_roots:
         render.echo(
             f"{verb_of(result.dry_run)} root {name} (its output folder is gone or holds "
-            "another image)"
+            "another image, or its generation is gone)"
         )
     verb = verb_of(result.dry_run)
     for digest in result.removed_blobs:
         render.echo(f"{verb} blob {digest}")
     for key in result.removed_derivations:
         render.echo(f"{verb} derivation {key}")
+    for key in result.removed_trees:
+        render.echo(f"{verb} install tree {key}")
+    for key in result.linked_trees:
+        render.echo(f"kept install tree {key}: no root names it, but a generation links its files")
     render.echo(
         f"{verb} {len(result.removed_blobs)} blobs ({_size(result.freed_bytes)}), "
-        f"{len(result.removed_derivations)} derivations, {result.removed_temp + swept} "
+        f"{len(result.removed_derivations)} derivations, {len(result.removed_trees)} install "
+        f"trees, {result.removed_temp + swept} "
         f"temporary files; kept {result.kept_blobs} blobs for {result.roots} roots"
     )
     return ExitCode.OK

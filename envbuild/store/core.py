@@ -127,6 +127,22 @@ class Root(_Model):
     output: str | None = None
     image: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    #: Install trees (:mod:`envbuild.store.trees`) a generation links.
+    trees: list[str] = Field(default_factory=list)
+    #: The generation folder this root belongs to: it lives while that folder is a complete
+    #: generation (holds ``generation.json``), as an output root lives while its folder holds
+    #: its image.
+    generation: str | None = None
+
+    def record_json(self) -> bytes:
+        """The root as it is written: canonical JSON, the generation fields left out when
+        unset, so roots of images are the bytes they have always been."""
+        data = self.model_dump()
+        if not self.trees:
+            data.pop("trees")
+        if self.generation is None:
+            data.pop("generation")
+        return canonical_json(data).encode()
 
 
 def output_root_name(out: Path) -> str:
@@ -278,6 +294,8 @@ class Store(BlobStore):
         output: Path | None = None,
         image: str | None = None,
         files: Mapping[str, str] | None = None,
+        trees: Iterable[str] = (),
+        generation: Path | None = None,
     ) -> Root:
         """Make ``name`` keep ``blobs`` and ``derivations`` (with their outputs and references)
         alive; replaces an earlier root of that name. Name every blob the root needs: for an
@@ -302,11 +320,14 @@ class Store(BlobStore):
             output=str(Path(output).absolute()) if output is not None else None,
             image=image,
             files=dict(sorted((files or {}).items())),
+            trees=sorted(set(trees)),
+            generation=str(Path(generation).absolute()) if generation is not None else None,
         )
+        for key in root.trees:
+            if not KEY_RE.match(key):
+                raise ValueError(f"not a tree key: {key!r}")
         with self.session():
-            self._write_file(
-                self.roots_dir / f"{name}.json", canonical_json(root.model_dump()).encode()
-            )
+            self._write_file(self.roots_dir / f"{name}.json", root.record_json())
         return root
 
     def remove_root(self, name: str) -> bool:

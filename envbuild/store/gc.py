@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from envbuild.fsio import rmtree
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Derivation, Root, Store
+from envbuild.store.trees import Trees
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class GcResult:
     kept_blobs: int
     kept_derivations: int
     roots: int
+    removed_trees: list[str] = field(default_factory=list)
+    #: Trees no root names whose files are still hard-linked from somewhere: kept.
+    linked_trees: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The result as JSON data (`envbuild gc --json`)."""
@@ -58,6 +62,8 @@ class GcResult:
             "kept_blobs": self.kept_blobs,
             "kept_derivations": self.kept_derivations,
             "roots": self.roots,
+            "removed_trees": self.removed_trees,
+            "linked_trees": self.linked_trees,
         }
 
 
@@ -73,7 +79,11 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
         roots = store.roots()
         stale_roots = sorted(n for n, r in roots.items() if not output_holds(r))
         for name in stale_roots:
-            log.info("root %s: %s no longer holds %s", name, roots[name].output, roots[name].image)
+            gone = roots[name]
+            if gone.generation is not None:
+                log.info("root %s: generation %s is gone", name, gone.generation)
+            else:
+                log.info("root %s: %s no longer holds %s", name, gone.output, gone.image)
             del roots[name]
         records: dict[str, Derivation] = {}
         for key in store.derivations():
@@ -97,7 +107,12 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
         stale_locks = [p for p in store.locks.iterdir() if p.name != "gc.lock"]
         kept_hex = {p.name for p in all_blobs} - {digest_hex(d) for d in dead_blobs}
         stale_stamps = store.stale_stamps(kept_hex)
+        trees = Trees(store)
+        dead_trees, linked_trees, tree_bytes = _dead_trees(trees, roots.values())
+        freed += tree_bytes
         if not dry_run:
+            for key in dead_trees:
+                trees.remove(key)
             for name in stale_roots:
                 (store.roots_dir / f"{name}.json").unlink(missing_ok=True)
             for key in dead_drvs:
@@ -120,7 +135,38 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
         kept_blobs=len(all_blobs) - len(dead_blobs),
         kept_derivations=len(live_drvs),
         roots=len(roots),
+        removed_trees=dead_trees,
+        linked_trees=linked_trees,
     )
+
+
+def collect_trees(store: Store, *, dry_run: bool = False) -> tuple[list[str], list[str], int]:
+    """Remove only the install trees no root keeps (what ``generations --gc`` does after it
+    removed generations): returns the trees removed, those kept because a file of theirs is
+    still hard-linked from somewhere, and the bytes freed."""
+    with store.gc_lock():
+        roots = [r for r in store.roots().values() if output_holds(r)]
+        trees = Trees(store)
+        dead, linked, freed = _dead_trees(trees, roots)
+        if not dry_run:
+            for key in dead:
+                trees.remove(key)
+    return dead, linked, freed
+
+
+def _dead_trees(trees: Trees, roots: Iterable[Root]) -> tuple[list[str], list[str], int]:
+    live_trees = {key for root in roots for key in root.trees}
+    dead, linked, freed = [], [], 0
+    for key in trees.all():
+        if key in live_trees:
+            continue
+        if trees.in_use(key):
+            log.warning("tree %s: no root names it, but its files are linked: kept", key[:12])
+            linked.append(key)
+            continue
+        dead.append(key)
+        freed += trees.size(key)
+    return dead, linked, freed
 
 
 def live(roots: Iterable[Root], records: Mapping[str, Derivation]) -> tuple[set[str], set[str]]:
@@ -157,7 +203,10 @@ def live(roots: Iterable[Root], records: Mapping[str, Derivation]) -> tuple[set[
 
 def output_holds(root: Root) -> bool:
     """Whether the output folder of ``root`` still holds the image it was made for (a root
-    that names no folder always lives)."""
+    that names no folder always lives). A generation's root lives while its folder is a
+    complete generation."""
+    if root.generation is not None:
+        return (Path(root.generation) / "generation.json").is_file()
     if root.output is None:
         return True
     try:
