@@ -1,5 +1,10 @@
 """How long apply takes to realise a generation from a committed lock, and to check one again.
 
+``python3 bench/apply.py --shared A B`` instead: generation A then B (B sharing torch and vLLM
+with A) in one state dir and one store, beside today's plain install of B (every file copied out
+of uv's cache) and uv's own hardlink install of B, all with the uv cache as it is (warm); the new
+disk each takes is the file system's free space before and after.
+
 For each spec (default: quickstart and kimi-k25-int4): *cold* = a new generation with an empty
 uv cache (every wheel downloaded from PyPI); *warm* = a new generation in a new root with that
 cache; *verify* = the full check a later apply runs before reusing it (every venv file hashed
@@ -55,7 +60,74 @@ def one(spec: str, work: Path) -> str:
     )
 
 
+def free() -> int:
+    st = os.statvfs(tempfile.gettempdir())
+    return st.f_bavail * st.f_frsize
+
+
+def timed(fn):  # type: ignore[no-untyped-def]
+    before, start = free(), time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start, (before - free()) / 1e6
+
+
+def plain_install(venv: Path, lock: Path, mode: str, python: str) -> None:
+    from envbuild import proc
+    from envbuild.apply.venv import create_venv
+
+    create_venv(venv, python)
+    run = proc.run(
+        [proc.find_uv(), "pip", "sync", "--preview-features", "pylock", "--no-config",
+         "--python", venv / "bin" / "python", "--require-hashes", "--no-build",
+         "--no-index", "--strict", "--link-mode", mode, lock],
+        tool="uv", env=proc.uv_env(), cwd=lock.parent, check=False,
+    )  # fmt: skip
+    if run.returncode:
+        raise SystemExit(f"uv pip sync --link-mode {mode} failed:\n{run.stdout}\n{run.stderr}")
+
+
+def shared(a: str, b: str, work: Path) -> None:
+    from envbuild.apply.venv import INSTALL_LOCK, install_lock
+    from envbuild.store.core import Store
+
+    store = Store(work / "store")
+    paths = Paths(work / "root")
+    first, second = from_spec(REPO / a), from_spec(REPO / b)
+    print("| what | wall (s) | new disk (MB) |")
+    print("|---|---:|---:|")
+    lock = work / "plain" / INSTALL_LOCK
+    lock.parent.mkdir()
+    lock.write_text(install_lock(second.lock, second.lock_text, {}))
+    for mode in ("copy", "hardlink"):
+        venv = work / "plain" / f"venv-{mode}"
+        _none, t, d = timed(
+            lambda v=venv, m=mode: plain_install(v, lock, m, second.spec.python.version)
+        )
+        print(f"| plain uv pip sync of {second.name}, --link-mode {mode} | {t:.1f} | {d:.0f} |")
+    gen_a, t, d = timed(lambda: realise(paths, first, {}, store=store).generation)
+    print(f"| first generation ({first.name}, its trees made) | {t:.1f} | {d:.0f} |", flush=True)
+    gen_b, t, d = timed(lambda: realise(paths, second, {}, store=store).generation)
+    print(f"| second generation ({second.name}, sharing) | {t:.1f} | {d:.0f} |", flush=True)
+    files = sum(len(f) for _t, _d, f in os.walk(gen_b.venv))
+    print(
+        f"generations {gen_a.number}, {gen_b.number}: {len(gen_b.meta.packages)} dists, "
+        f"{files} files"
+    )
+    shutil.rmtree(work / "plain", ignore_errors=True)
+    remove_tree(work / "root")
+    remove_tree(work / "store")
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--shared"]:
+        a, b = (
+            argv[1:3]
+            if len(argv) >= 3
+            else ("specs/kimi-k25-int4.toml", "specs/minimax-m25-fp8.toml")
+        )
+        with tempfile.TemporaryDirectory(prefix="envbuild-bench-shared-") as tmp:
+            shared(a, b, Path(tmp))
+        return
     print("| spec | distributions | venv files | venv GB | cold (s) | warm (s) | verify (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for spec in argv or DEFAULT:

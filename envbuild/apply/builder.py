@@ -15,15 +15,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from envbuild.apply import generations as gens
+from envbuild.apply import shared
 from envbuild.apply import unit as units
 from envbuild.apply import venv as venvs
+from envbuild.apply.assemble import Assembler
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.integrity import GenerationCheck, check_generation
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import canonical_json, fsync_dir, sha256_file, write_atomic
 from envbuild.snapshot import pyenv, records
-from envbuild.snapshot.model.pyenv import PythonEnv
+from envbuild.store.core import Store, default_store
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,18 @@ class Found:
     rejected: list[GenerationCheck] = field(default_factory=list)
 
 
-def find_reusable(paths: Paths, chash: str, mode: records.Mode = "full") -> Found:
+def find_reusable(
+    paths: Paths, chash: str, mode: records.Mode = "full", *, store: Store | None = None
+) -> Found:
     """The newest generation with these inputs whose files still verify, and those that do not."""
     rejected: list[GenerationCheck] = []
-    for gen in reversed(gens.list_generations(paths)):
+    every = gens.list_generations(paths)
+    memo: dict[str, list[str] | None] = {}
+    links = shared.linked_by(every)
+    for gen in reversed(every):
         if gen.meta.content_hash != chash:
             continue
-        check = check_generation(gen, mode)
+        check = check_generation(gen, mode, store=store, memo=memo, links=links)
         if check.ok:
             return Found(chash, gen, rejected)
         log.warning(
@@ -72,14 +79,36 @@ def find_reusable(paths: Paths, chash: str, mode: records.Mode = "full") -> Foun
     return Found(chash, None, rejected)
 
 
+def repair(paths: Paths, found: Found, store: Store) -> tuple[Found, list[str]]:
+    """``apply --repair``: the newest generation with these inputs that failed its check, its
+    install trees installed again from their wheels and its files linked again (and those of
+    every generation that links the same trees); reused if it then verifies."""
+    if found.generation is not None or not found.rejected:
+        return found, []
+    newest = found.rejected[0]
+    every = gens.list_generations(paths)
+    gen = next((g for g in every if g.number == newest.number), None)
+    if gen is None or not gen.meta.trees:
+        return found, []  # not a shared generation: it is built again instead
+    done = shared.repair(gen, Store(store.root), every, gen.meta.python.rsplit(".", 1)[0])
+    check = check_generation(gen, store=store)
+    if check.ok:
+        log.info("generation %d repaired: %s", gen.number, "; ".join(done) or "nothing to do")
+        return Found(found.content_hash, gen, found.rejected[1:]), done
+    log.warning("generation %d is still modified after repair: %s", gen.number, check.problems[0])
+    return Found(found.content_hash, None, [check, *found.rejected[1:]]), done
+
+
 def realise(
     paths: Paths,
     inp: ApplyInput,
     wheels: dict[str, venvs.StoreWheel],
     *,
     found: Found | None = None,
+    store: Store | None = None,
 ) -> Realised:
-    """Reuse the generation ``found`` (or looked up now) for these inputs, or build one."""
+    """Reuse the generation ``found`` (or looked up now) for these inputs, or build one from
+    the install trees of ``store`` (default: :func:`~envbuild.store.core.default_store`)."""
     chash = generation_hash(paths, inp, wheels)
     if found is None or found.content_hash != chash:
         found = find_reusable(paths, chash)
@@ -88,7 +117,8 @@ def realise(
             "generation %d already holds this environment: reusing it", found.generation.number
         )
         return Realised(found.generation, True, found.rejected)
-    return Realised(build(paths, inp, wheels, chash), False, found.rejected)
+    store = Store((store or default_store()).root)  # trees are local: no remote cache
+    return Realised(build(paths, inp, wheels, chash, store), False, found.rejected)
 
 
 def interpreter_of(venv: Path, final_venv: Path, version: str) -> gens.Interpreter:
@@ -104,7 +134,11 @@ def interpreter_of(venv: Path, final_venv: Path, version: str) -> gens.Interpret
 
 
 def build(
-    paths: Paths, inp: ApplyInput, wheels: dict[str, venvs.StoreWheel], chash: str
+    paths: Paths,
+    inp: ApplyInput,
+    wheels: dict[str, venvs.StoreWheel],
+    chash: str,
+    store: Store,
 ) -> gens.Generation:
     number = gens.next_number(paths)
     final = paths.generations / gens.dir_name(number, chash)
@@ -119,83 +153,68 @@ def build(
     install = tmp / venvs.INSTALL_LOCK
     venvs.link_wheels(tmp, wheels)
     write_atomic(install, venvs.install_lock(inp.lock, inp.lock_text, wheels))
-    venvs.build_venv(tmp / "venv", spec.python.version, install)
-    venvs.check_exact(tmp / "venv", inp.lock, wheels)
-    unit_name = None
-    if spec.serve is not None:
-        unit_name = units.unit_name(spec.name)
-        if not (tmp / "venv" / "bin" / "vllm").exists():
-            raise EnvironmentFailure(
-                f"[serve] runs `vllm serve`, but the lock installs no vllm command "
-                f"({inp.lock_path})",
-                hint="add [vllm] to the spec and lock it again",
-            )
-        text = units.render_unit(
-            spec,
-            inp.spec_hash,
-            units.ServeSettings(
-                generation=number,
-                generation_path=final,
-                venv=final / "venv",
-                hf_home=paths.hf_home,
-                env_file=paths.env_file(spec.name),
-            ),
+    with store.session():  # gc waits: no tree goes before the generation's root names it
+        assembled = Assembler(store, spec.python.version).assemble(
+            tmp / "venv", install, spec.image.overlaps
         )
-        write_atomic(tmp / unit_name, text)
-    scanned = pyenv.scan_env(str(tmp / "venv" / "bin" / "python"), "full")
-    exceptions = _record_exceptions(scanned)
-    own = ["spec.json", "pylock.toml", venvs.INSTALL_LOCK, *([unit_name] if unit_name else [])]
-    meta = gens.GenerationMeta(
-        number=number,
-        content_hash=chash,
-        spec_name=spec.name,
-        spec_hash=inp.spec_hash,
-        lock_sha256=inp.lock_sha256,
-        created=datetime.now(UTC).replace(microsecond=0),
-        python=scanned.version,
-        origin=inp.origin,
-        spec_path=inp.spec_path,
-        lock_path=inp.lock_path,
-        unit=unit_name,
-        packages={d.name: d.version for d in scanned.distributions},
-        files={rel: sha256_file(tmp / rel) for rel in own},
-        record_exceptions=exceptions,
-        interpreter=interpreter_of(tmp / "venv", final / "venv", scanned.version),
-    )
-    write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
-    gens.freeze(tmp)
-    os.rename(tmp, final)
-    fsync_dir(paths.generations)
-    log.info("generation %d is complete: %s", number, final)
-    return gens.Generation(number, final, meta)
-
-
-def _record_exceptions(env: PythonEnv) -> dict[str, str]:
-    """Files that differ from their RECORD right after uv installed them: the wheel was
-    published that way (a library patched after its RECORD was written). uv checked the wheel's
-    own sha256, so these bytes are the index's; they are recorded as they are, so a later check
-    tells them from an edit. A missing file right after install is an error."""
-    gone = [f"{d.name}: {p}" for d in env.distributions for p in d.missing]
-    if gone:
-        raise EnvironmentFailure(f"files are missing right after install: {'; '.join(gone[:5])}")
-    out: dict[str, str] = {}
-    for dist in env.distributions:
-        for m in dist.modified:
-            out[f"{dist.name}/{m.path}"] = sha256_file(_in_site(env, m.path))
-        if dist.modified:
-            log.warning(
-                "%s %s: %d file(s) differ from the wheel's own RECORD as published (%s); "
-                "recorded as installed",
-                dist.name,
-                dist.version,
-                len(dist.modified),
-                dist.modified[0].path,
+        packages = venvs.check_exact(tmp / "venv", inp.lock, wheels)
+        unit_name = None
+        if spec.serve is not None:
+            unit_name = units.unit_name(spec.name)
+            if not (tmp / "venv" / "bin" / "vllm").exists():
+                raise EnvironmentFailure(
+                    f"[serve] runs `vllm serve`, but the lock installs no vllm command "
+                    f"({inp.lock_path})",
+                    hint="add [vllm] to the spec and lock it again",
+                )
+            text = units.render_unit(
+                spec,
+                inp.spec_hash,
+                units.ServeSettings(
+                    generation=number,
+                    generation_path=final,
+                    venv=final / "venv",
+                    hf_home=paths.hf_home,
+                    env_file=paths.env_file(spec.name),
+                ),
             )
-    return out
-
-
-def _in_site(env: PythonEnv, rel: str) -> Path:
-    for site in env.site_packages:
-        if (Path(site) / rel).exists():
-            return Path(site) / rel
-    raise EnvironmentFailure(f"{rel} is not in {env.site_packages}")
+            write_atomic(tmp / unit_name, text)
+        version = pyenv.probe(str(tmp / "venv" / "bin" / "python")).version
+        own = ["spec.json", "pylock.toml", venvs.INSTALL_LOCK, *([unit_name] if unit_name else [])]
+        own += shared.link_manifests(tmp, store, assembled.trees)
+        meta = gens.GenerationMeta(
+            number=number,
+            content_hash=chash,
+            spec_name=spec.name,
+            spec_hash=inp.spec_hash,
+            lock_sha256=inp.lock_sha256,
+            created=datetime.now(UTC).replace(microsecond=0),
+            python=version,
+            origin=inp.origin,
+            spec_path=inp.spec_path,
+            lock_path=inp.lock_path,
+            unit=unit_name,
+            packages=packages,
+            files={rel: sha256_file(tmp / rel) for rel in own},
+            interpreter=interpreter_of(tmp / "venv", final / "venv", version),
+            record_exceptions=assembled.as_published,
+            trees=assembled.trees,
+            overlaps=assembled.winners,
+            link_mode=assembled.link_mode,
+            venv_files=shared.own_files(tmp, assembled.trees, assembled.winners),
+        )
+        write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
+        gens.freeze(tmp)
+        store.set_root(
+            shared.root_name(final),
+            trees=assembled.trees.values(),
+            derivations=assembled.choices,
+            generation=final,
+        )
+        os.rename(tmp, final)
+        fsync_dir(paths.generations)
+    log.info(
+        "generation %d is complete: %s (%d distributions, %d installed now, files %s)",
+        number, final, len(assembled.trees), len(assembled.made), assembled.link_mode + "ed",
+    )  # fmt: skip
+    return gens.Generation(number, final, meta)

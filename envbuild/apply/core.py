@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
-from envbuild.apply.builder import Found, Realised, find_reusable, generation_hash, realise
+from envbuild.apply.builder import (
+    Found,
+    Realised,
+    find_reusable,
+    generation_hash,
+    realise,
+    repair,
+)
 from envbuild.apply.checks import PreflightReport
 from envbuild.apply.host import HostAccess
 from envbuild.apply.inputs import ApplyInput
@@ -48,6 +55,9 @@ class Options:
     dry_run: bool = False
     wait: float = 0.0  # seconds to wait for another apply
     health_timeout: float = 1800.0
+    #: --repair: a shared generation with these inputs whose tree files were changed is put
+    #: right from the wheels and reused, instead of a new one being built
+    repair: bool = False
 
 
 @dataclass
@@ -69,6 +79,8 @@ class ApplyOutcome:
     snapshot: str | None = None
     #: A switch that was cut short (a killed apply or rollback), undone before this apply began.
     recovered: Recovery | None = None
+    #: What --repair did (one line each).
+    repaired: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -90,6 +102,7 @@ class ApplyOutcome:
             "up_to_date": self.up_to_date,
             "snapshot": self.snapshot,
             "recovered": self.recovered.as_dict() if self.recovered else None,
+            "repaired": self.repaired,
         }
 
 
@@ -140,6 +153,10 @@ def apply(
         # known before anything is built when the store already holds its source builds and
         # patched wheels.) If it is the current one and its unit runs, nothing will stop.
         found = _reusable(host, inp)
+        if options.repair and found is not None and not options.dry_run:
+            found, outcome_repairs = repair(paths, found, host.store)
+        else:
+            outcome_repairs = []
         keep: frozenset[str] = frozenset()
         drift: list[str] | None = None  # of the current generation's service, once looked at
         if (
@@ -185,6 +202,7 @@ def apply(
         outcome = ApplyOutcome(
             spec.name, inp.origin, report, recovered=recovered, serves=unit is not None
         )
+        outcome.repaired = outcome_repairs
         if on_preflight is not None:
             on_preflight(report)
         if not report.ok or options.dry_run:
@@ -193,7 +211,7 @@ def apply(
         if found is not None and found.generation is not None:
             realised = Realised(found.generation, True, found.rejected)
         else:
-            realised = realise(paths, inp, host.wheels.provide(inp), found=found)
+            realised = realise(paths, inp, host.wheels.provide(inp), found=found, store=host.store)
         _record_build(outcome, realised)
         if unit is not None and parsed is None:
             # vLLM's own parser on the exact command, before the model download and the switch
@@ -328,7 +346,7 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
     (computable when the store already holds every source-built and patched wheel it needs)."""
     paths = host.paths
     if inp.generation is not None:
-        check = check_generation(inp.generation)
+        check = check_generation(inp.generation, store=host.store)
         return Found(
             inp.generation.meta.content_hash,
             inp.generation if check.ok else None,
@@ -337,7 +355,7 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
     wheels = host.wheels.stored(inp) if wanted(inp) else {}
     if wheels is None:
         return None
-    return find_reusable(paths, generation_hash(paths, inp, wheels))
+    return find_reusable(paths, generation_hash(paths, inp, wheels), store=host.store)
 
 
 def _link_report(target: gens.Generation, spec: Spec) -> Report:

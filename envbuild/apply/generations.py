@@ -35,7 +35,7 @@ from envbuild.fsio import compact_json, fsync_dir, sha256_bytes
 log = logging.getLogger(__name__)
 
 #: Bump when what a generation holds, or how it is built, changes: old ones are then rebuilt.
-GENERATION_FORMAT = 1
+GENERATION_FORMAT = 2
 META = "generation.json"
 HASH_LEN = 32
 _NAME = re.compile(rf"^(\d+)-([0-9a-f]{{{HASH_LEN}}})$")
@@ -77,6 +77,23 @@ class GenerationMeta(BaseModel):
         default_factory=dict,
         description="'<dist>/<path>' of files whose bytes differed from their wheel's own RECORD "
         "right after install (a wheel published so) -> the sha256 they had then",
+    )
+    trees: dict[str, str] = Field(
+        default_factory=dict,
+        description="distribution -> the store's install tree its venv files are linked from",
+    )
+    link_mode: str | None = Field(
+        None, description="how tree files were put in the venv: hardlink, reflink or copy"
+    )
+    overlaps: dict[str, str] = Field(
+        default_factory=dict,
+        description="venv-relative path -> the distribution whose file it is, where two "
+        "install it with other bytes (as the spec's [image.overlaps] says)",
+    )
+    venv_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="the venv's own files (uv venv's: pyvenv.cfg, bin/python …), venv-relative "
+        "-> 'sha256:<hex>', or 'link:<target>' for a symlink",
     )
 
 
@@ -238,8 +255,8 @@ def freeze(path: Path) -> None:
 
 def _drop_write(p: Path) -> None:
     st = os.lstat(p)
-    if stat.S_ISLNK(st.st_mode):
-        return
+    if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o222:
+        return  # a link, or read-only already (a shared tree's file: its inode is not ours)
     os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o222)
 
 

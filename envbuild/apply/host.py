@@ -12,6 +12,7 @@ from envbuild.apply.paths import HF_HOME, Paths
 from envbuild.apply.probe import HostProbe, SystemProbe
 from envbuild.apply.services import ServiceManager, default_services
 from envbuild.apply.wheels import IndexOnly, StoreWheels, WheelProvider
+from envbuild.store.core import Store, default_store
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,13 @@ class HostAccess:
     probe: HostProbe
     services: ServiceManager
     wheels: WheelProvider = field(default_factory=IndexOnly)
+
+    @property
+    def store(self) -> Store:
+        """The store whose install trees generations link: the store wheels' own, else the
+        default store (:func:`~envbuild.store.core.default_store`). Never a remote cache."""
+        store = self.wheels.store if isinstance(self.wheels, StoreWheels) else default_store()
+        return Store(store.root)
 
 
 def real_host(root: Path | str = "/", hf_home: str = HF_HOME) -> HostAccess:

@@ -9,15 +9,18 @@ and never reused.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.apply import shared
 from envbuild.apply.generations import Generation
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvbuildError
 from envbuild.fsio import sha256_bytes, sha256_file
 from envbuild.snapshot import pyenv, records
+from envbuild.store.core import Store, default_store
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,17 @@ def _sha256_in(sites: list[str], rel: str) -> str | None:
     return None
 
 
-def check_generation(gen: Generation, mode: records.Mode = "full") -> GenerationCheck:
+def check_generation(
+    gen: Generation,
+    mode: records.Mode = "full",
+    *,
+    store: Store | None = None,
+    memo: dict[str, list[str] | None] | None = None,
+    links: Mapping[str, list[int]] | None = None,
+) -> GenerationCheck:
+    """Is ``gen`` still what was built? A generation assembled from install trees is checked
+    by :func:`envbuild.apply.shared.check` (each tree once per ``memo``, in ``store``: default
+    :func:`~envbuild.store.core.default_store`); an older one against its RECORDs."""
     problems: list[str] = []
     for rel, digest in sorted(gen.meta.files.items()):
         path = gen.path / rel
@@ -57,6 +70,12 @@ def check_generation(gen: Generation, mode: records.Mode = "full") -> Generation
             problems.append(f"{rel} was modified")
     python = gen.venv / "bin" / "python"
     problems.extend(_interpreter_problems(gen))
+    if gen.meta.trees:
+        store = store or default_store()
+        problems.extend(shared.check(gen, store, mode, memo=memo, links=links))
+        if problems:
+            log.warning("generation %d was changed after it was built: %s", gen.number, problems[0])
+        return GenerationCheck(gen.number, gen.name, problems)
     try:
         env = pyenv.scan_env(str(python), mode)
     except EnvbuildError as exc:

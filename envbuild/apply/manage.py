@@ -9,6 +9,7 @@ from typing import Any
 
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
+from envbuild.apply import shared
 from envbuild.apply import unit as units
 from envbuild.apply.host import HostAccess
 from envbuild.apply.integrity import GenerationCheck, check_generation, installed_unit_problems
@@ -25,6 +26,8 @@ from envbuild.errors import (
     OutputError,
     UserError,
 )
+from envbuild.store.core import Store
+from envbuild.store.gc import collect_trees
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +62,20 @@ class GenerationInfo:
         return out
 
 
-def list_infos(paths: Paths, *, verify: bool = False) -> list[GenerationInfo]:
+def list_infos(
+    paths: Paths, *, verify: bool = False, store: Store | None = None
+) -> list[GenerationInfo]:
+    """Every generation, and with ``verify`` the check of each (each shared install tree is
+    hashed once, and a change in one is named with every generation that links it)."""
     cur = gens.current(paths)
     out = []
-    for gen in gens.list_generations(paths):
+    every = gens.list_generations(paths)
+    memo: dict[str, list[str] | None] = {}
+    links = shared.linked_by(every)
+    for gen in every:
         check = None
         if verify:
-            check = check_generation(gen)
+            check = check_generation(gen, store=store, memo=memo, links=links)
             current = cur is not None and cur.number == gen.number
             if current and (extra := installed_unit_problems(paths, gen)):  # what systemd runs
                 check = GenerationCheck(gen.number, gen.name, [*check.problems, *extra])
@@ -228,9 +238,16 @@ class GcResult:
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    #: install trees no generation links any more, removed from the store
+    removed_trees: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"removed": self.removed, "kept": self.kept, "freed_bytes": self.freed_bytes}
+        return {
+            "removed": self.removed,
+            "kept": self.kept,
+            "freed_bytes": self.freed_bytes,
+            "removed_trees": self.removed_trees,
+        }
 
 
 def gc(
@@ -240,9 +257,11 @@ def gc(
     dry_run: bool = False,
     wait: float = 0.0,
     wheels: WheelProvider | None = None,
+    store: Store | None = None,
 ) -> GcResult:
     """Remove all but the ``keep`` newest generations; the current one always stays. ``wheels``
-    drops the store root of each generation removed (its wheels become collectable)."""
+    drops the store root of each generation removed (its wheels become collectable); then the
+    install trees of ``store`` that no generation links any more go too."""
     if keep < 0:
         raise UserError("--keep must be 0 or more")
     with state_lock(paths, wait=wait, what="gc"):
@@ -272,6 +291,10 @@ def gc(
                 if wheels is not None:
                     wheels.release(gen)
                 log.info("removed generation %d (%s)", gen.number, gen.name)
+        if store is not None:
+            # a dry run removes no generation, so no tree loses its last one
+            removed, _linked, freed = ([], [], 0) if dry_run else collect_trees(store)
+            result.removed_trees, result.freed_bytes = removed, result.freed_bytes + freed
         return result
 
 
@@ -280,7 +303,9 @@ def _du(path: os.PathLike[str] | str) -> int:
     for top, _dirs, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(top, name)).st_size
+                st = os.lstat(os.path.join(top, name))
             except OSError:
                 continue
+            if st.st_nlink == 1:  # a file an install tree shares is not freed with the folder
+                total += st.st_size
     return total

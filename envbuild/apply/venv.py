@@ -105,41 +105,54 @@ def python_available(version: str) -> str | None:
     return done.stdout.strip() or None
 
 
-def build_venv(venv: Path, python: str, lock_file: Path) -> None:
-    """Create ``venv`` with ``python`` (MAJOR.MINOR) and sync it exactly to ``lock_file``."""
-    uv = proc.find_uv()
-    env = proc.uv_env()
+def create_venv(venv: Path, python: str) -> None:
+    """``uv venv --relocatable`` at ``venv`` with ``python`` (MAJOR.MINOR): scripts then find
+    their interpreter relative to themselves, so what is installed does not depend on where."""
     log.info("creating venv (Python %s) at %s", python, venv)
     proc.run(
-        [uv, "venv", "--no-config", "--relocatable", "--python", python, venv],
+        [proc.find_uv(), "venv", "--no-config", "--relocatable", "--python", python, venv],
         tool="uv venv",
-        env=env,
+        env=proc.uv_env(),
         hint=f"is Python {python} installed on this machine? (`uv python find {python}`)",
     )
-    log.info("installing %s with uv", lock_file.name)
-    proc.run(
-        [
-            uv,
-            "pip",
-            "sync",
-            "--preview-features",
-            "pylock",
-            "--no-config",
-            "--python",
-            venv / "bin" / "python",
-            "--require-hashes",
-            "--no-build",
-            "--no-index",
-            "--strict",
-            "--link-mode",
-            "copy",
-            lock_file,
-        ],
+
+
+def sync(venv: Path, lock_file: Path, *, strict: bool = True, dry_run: bool = False) -> str:
+    """``uv pip sync`` of ``venv`` to ``lock_file``: hash-checked, nothing built, files copied
+    out of uv's cache. Returns what uv printed."""
+    argv: list[str | Path] = [
+        proc.find_uv(),
+        "pip",
+        "sync",
+        "--preview-features",
+        "pylock",
+        "--no-config",
+        "--python",
+        venv / "bin" / "python",
+        "--require-hashes",
+        "--no-build",
+        "--no-index",
+        "--link-mode",
+        "copy",
+    ]
+    argv += ["--strict"] if strict else []
+    argv += ["--dry-run"] if dry_run else []
+    done = proc.run(
+        [*argv, lock_file],
         tool="uv pip sync",
-        env=env,
-        stream=True,
+        env=proc.uv_env(),
+        stream=not dry_run,
         cwd=lock_file.parent,
     )
+    return done.stdout + done.stderr
+
+
+def build_venv(venv: Path, python: str, lock_file: Path) -> None:
+    """Create ``venv`` with ``python`` (MAJOR.MINOR) and sync it exactly to ``lock_file``: the
+    plain install, every file copied (what a shared generation must equal)."""
+    create_venv(venv, python)
+    log.info("installing %s with uv", lock_file.name)
+    sync(venv, lock_file)
 
 
 def installed(venv: Path) -> dict[str, str]:

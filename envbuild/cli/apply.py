@@ -69,6 +69,12 @@ def register(sub: Any) -> None:
     p.add_argument("--yes", action="store_true", help="agree to stop running units")
     p.add_argument("--dry-run", action="store_true", help="run preflight only; change nothing")
     p.add_argument(
+        "--repair",
+        action="store_true",
+        help="a generation of this spec whose shared files were edited is put right from the "
+        "wheels (and so is every generation linking the same install trees), then reused",
+    )
+    p.add_argument(
         "--health-timeout",
         type=float,
         default=1800.0,
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         wait=args.wait,
         health_timeout=args.health_timeout,
+        repair=args.repair,
     )
     show = None if args.json else _show_preflight
     show_recovered = None if args.json else show_recovery
@@ -187,6 +194,8 @@ def _show_result(o: ApplyOutcome, dry_run: bool) -> None:
             f"generation {rejected['number']} was modified after it was built, not reused: "
             + "; ".join(rejected["problems"][:3])
         )
+    for line in o.repaired:
+        render.echo(f"repaired: {line}")
     how = "reused" if o.reused else "built"
     render.echo(f"generation {o.generation} ({how}): {o.generation_path}")
     for what, m in ([("model", o.model)] if o.model else []) + [("repo", r) for r in o.repos]:

@@ -42,7 +42,14 @@ def run(args: argparse.Namespace) -> int:
     if recovered is not None and not args.json:
         show_recovery(recovered)
     if args.gc:
-        result = gc(paths, keep=args.keep, dry_run=args.dry_run, wait=args.wait, wheels=host.wheels)
+        result = gc(
+            paths,
+            keep=args.keep,
+            dry_run=args.dry_run,
+            wait=args.wait,
+            wheels=host.wheels,
+            store=host.store,
+        )
         if args.json:
             render.emit_json(
                 {**result.as_dict(), "recovered": recovered.as_dict() if recovered else None}
@@ -51,12 +58,14 @@ def run(args: argparse.Namespace) -> int:
             verb = "would remove" if args.dry_run else "removed"
             for name in result.removed:
                 render.echo(f"{verb} {name}")
+            for key in result.removed_trees:
+                render.echo(f"{verb} install tree {key} (no generation links it)")
             render.echo(
-                f"{verb} {len(result.removed)} generation(s), {result.freed_bytes / 1e9:.2f} GB; "
-                f"kept {len(result.kept)}"
+                f"{verb} {len(result.removed)} generation(s) and {len(result.removed_trees)} "
+                f"install tree(s), {result.freed_bytes / 1e9:.2f} GB; kept {len(result.kept)}"
             )
         return ExitCode.OK
-    infos = list_infos(paths, verify=args.verify)
+    infos = list_infos(paths, verify=args.verify, store=host.store)
     bad = any(i.check is not None and not i.check.ok for i in infos)
     if args.json:
         render.emit_json(

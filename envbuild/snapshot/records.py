@@ -82,7 +82,7 @@ class Dist:
 
     def entries(self) -> list[Entry]:
         """Every line of the RECORD as an entry (bytecode and empty lines left out)."""
-        return _entries(self, _rows(self.record or ""), skip_big=False)
+        return _entries(self, rows(self.record or ""), skip_big=False)
 
 
 def lines(raw: bytes) -> str:
@@ -94,7 +94,7 @@ def lines(raw: bytes) -> str:
     return text
 
 
-def _rows(text: str) -> list[list[str]]:
+def rows(text: str) -> list[list[str]]:
     """RECORD's CSV rows (empty lines dropped). A RECORD without quotes or carriage returns is
     split directly: the csv module gives the same fields (a path with a comma is quoted) at
     several times the cost, paid for every file."""
@@ -247,7 +247,7 @@ def check_job(
         entries = [job.entry]
     else:
         text = (dist.record or "")[job.start : job.end]
-        entries = _entries(dist, _rows(text), skip_big=dist.cuttable)
+        entries = _entries(dist, rows(text), skip_big=dist.cuttable)
     buffer = buffer if buffer is not None else bytearray(BIG + 1)
     full = mode == "full"
     newer_than = dist.record_mtime_ns

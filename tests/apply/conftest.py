@@ -117,6 +117,10 @@ def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         fake_vllm_wheel(dist, "0.0.2"),
         vllm_that_will_not_load(dist, work / "cc"),
         published_with_a_wrong_record(dist),
+        # two distributions that install one path with other bytes (cuda-python and
+        # cuda-bindings do, in vLLM 0.33's environment)
+        make_wheel(dist, "clash-old", "1.0", {"clash/shared.py": "WHO = 'old'\n"}),
+        make_wheel(dist, "clash-new", "1.0", {"clash/shared.py": "WHO = 'new'\n"}),
         # NVIDIA's run-time compiler from a CUDA newer than the fake driver's (13.1)
         make_wheel(dist, "nvidia-nvjitlink", "13.5.37", {"nvidia/nvjitlink/__init__.py": ""}),
     ]

@@ -1,0 +1,414 @@
+"""A generation's venv assembled from install trees: each locked distribution installed once.
+
+The venv itself is made by ``uv venv --relocatable`` as always. For each package of the
+install lock, an ``install-choice`` derivation records which of its wheels uv installs for
+this interpreter (the package's wheels, the interpreter's version and sha256, the C library,
+the installer) and the key of the tree that install made (:mod:`envbuild.store.trees`). A
+package whose choice and tree are known, and whose tree's files still have the stat the
+manifest recorded, is hard-linked in (a reflink or a copy across file systems). The others are
+installed by uv into a staging venv in the store (one ``uv pip sync`` of just them), moved
+into new trees, and linked in the same way.
+
+Last, uv itself checks the assembled venv against the whole install lock (``uv pip sync
+--strict --dry-run``): it must say it would change nothing. So the venv is what a plain
+``uv pip sync`` of the lock makes, file for file (``tests/apply/test_shared.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from packaging.tags import Tag, parse_tag
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from envbuild import proc
+from envbuild.apply import venv as venvs
+from envbuild.errors import EnvironmentFailure, UserError
+from envbuild.fsio import sha256_file
+from envbuild.snapshot import records
+from envbuild.snapshot.distinfo import read_dist
+from envbuild.store.core import Store, derivation_key
+from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key
+
+log = logging.getLogger(__name__)
+
+CHOICE = "install-choice"
+#: The install lock of what a staging venv gets, written beside the install lock (its wheels/
+#: paths are relative to that folder) and removed after.
+STAGE_LOCK = "pylock.stage.toml"
+#: What uv pip sync leaves in the venv it installs into (its lock file): the venv's own.
+UV_LOCK = ".lock"
+
+
+@dataclass
+class Assembled:
+    """What went into a venv: each distribution's tree, the choice records that found them,
+    how files were put in place, and which trees this run made."""
+
+    trees: dict[str, str] = field(default_factory=dict)  # dist -> tree key
+    choices: list[str] = field(default_factory=list)  # install-choice derivation keys
+    link_mode: str = "hardlink"
+    made: list[str] = field(default_factory=list)  # dists whose tree was made now
+    files: int = 0
+    #: '<dist>/<path as RECORD names it>' -> sha256, of files installed as published, not
+    #: as their RECORD says (see :attr:`TreeManifest.as_published`)
+    as_published: dict[str, str] = field(default_factory=dict)
+    #: venv-relative path -> the distribution whose file it is, where two install it with
+    #: other bytes (settled by the spec's ``[image.overlaps]``)
+    winners: dict[str, str] = field(default_factory=dict)
+
+
+def uv_version() -> str:
+    done = proc.run([proc.find_uv(), "--version"], tool="uv", env=proc.uv_env())
+    return done.stdout.strip()
+
+
+def layout(python: str, installer: str) -> dict[str, Any]:
+    """What, besides the wheel, decides an installed tree's bytes."""
+    return {"python": python, "installer": installer, "venv": "uv venv --relocatable"}
+
+
+def interpreter_id(venv: Path) -> dict[str, str]:
+    real = (venv / "bin" / "python").resolve()
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else ""
+    return {"sha256": sha256_file(real), "libc": libc or ""}
+
+
+def _wheels(pkg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for wheel in pkg.get("wheels") or []:
+        name = wheel.get("name") or Path(str(wheel.get("path") or wheel.get("url", ""))).name
+        out.append((str(name), str((wheel.get("hashes") or {}).get("sha256", ""))))
+    return sorted(out)
+
+
+def choice_key(pkg: Mapping[str, Any], python: str, interp: Mapping[str, str], lay: Any) -> str:
+    """The key of the record of which wheel of ``pkg`` uv installs here."""
+    return derivation_key(CHOICE, _choice_inputs(pkg, python, interp, lay))
+
+
+class Assembler:
+    """Assembles venvs for one store, Python (MAJOR.MINOR) and install lock folder."""
+
+    def __init__(self, store: Store, python: str) -> None:
+        self.store = store
+        self.trees = Trees(store)
+        self.python = python
+        self.layout = layout(python, uv_version())
+
+    def assemble(
+        self, venv: Path, install_lock: Path, overlaps: Mapping[str, str] | None = None
+    ) -> Assembled:
+        """Create ``venv`` and fill it from trees, making the trees it lacks. Call inside a
+        store session (``gc`` must not take a tree before the generation's root names it)."""
+        venvs.create_venv(venv, self.python)
+        interp = interpreter_id(venv)
+        data = tomllib.loads(install_lock.read_text())
+        packages = data.get("packages") or []
+        out = Assembled()
+        known: dict[str, TreeManifest] = {}
+        todo = []
+        for pkg in packages:
+            key = choice_key(pkg, self.python, interp, self.layout)
+            drv = self.store.lookup(key)
+            manifest = self._usable(drv.meta.get("tree")) if drv is not None else None
+            if drv is None or manifest is None:
+                todo.append((pkg, key))
+                continue
+            known[manifest.dist] = manifest
+            out.choices.append(key)
+        if todo:
+            log.info("installing %d of %d distributions into the store", len(todo), len(packages))
+            for manifest, key in self._stage(data, [p for p, _k in todo], install_lock):
+                known[manifest.dist] = manifest
+                out.choices.append(key)
+                out.made.append(manifest.dist)
+        out.trees = {dist: m.key for dist, m in sorted(known.items())}
+        out.as_published = {
+            f"{m.dist}/{shown(rel)}": m.files[rel].sha256
+            for m in known.values()
+            for rel in m.as_published
+        }
+        out.link_mode, out.files, out.winners = self._link(
+            venv, [known[d] for d in sorted(known)], overlaps or {}
+        )
+        said = venvs.sync(venv, install_lock, dry_run=True)
+        if "Would make no changes" not in said:
+            raise EnvironmentFailure(
+                "uv does not agree that the assembled venv is the lock: " + said.strip()[-400:],
+                hint="report this: a shared generation must be what uv installs",
+            )
+        return out
+
+    def _usable(self, key: object) -> TreeManifest | None:
+        if not isinstance(key, str):
+            return None
+        try:
+            manifest = self.trees.manifest(key)
+        except ValueError:
+            return None
+        if manifest is None:
+            return None
+        if bad := self.trees.quick_check(manifest):
+            log.warning(
+                "install tree %s (%s %s) was changed (%s%s): it is installed again",
+                key[:12], manifest.dist, manifest.version, bad[0],
+                f" and {len(bad) - 1} more" if len(bad) > 1 else "",
+            )  # fmt: skip
+            self.trees.remove(key)
+            return None
+        return manifest
+
+    def _stage(
+        self,
+        data: Mapping[str, Any],
+        packages: Sequence[Mapping[str, Any]],
+        install_lock: Path,
+    ) -> list[tuple[TreeManifest, str]]:
+        """Install ``packages`` with uv into a staging venv and move each into its tree."""
+        by_name: dict[str, Mapping[str, Any]] = {
+            canonicalize_name(str(p["name"])): p for p in packages
+        }
+        made: list[tuple[TreeManifest, str]] = []
+        with self.store.temp_dir("stage-") as work:
+            venv = work / "venv"
+            venvs.create_venv(venv, self.python)
+            interp = interpreter_id(venv)
+            skeleton = _files(venv)
+            partial = install_lock.parent / STAGE_LOCK
+            doc = {k: v for k, v in data.items() if k != "packages"}
+            doc["packages"] = list(packages)
+            partial.write_text(tomli_w.dumps(doc))
+            try:
+                venvs.sync(venv, partial, strict=False)
+            finally:
+                partial.unlink(missing_ok=True)
+            staged = _staged(venv)
+            claims: dict[str, list[str]] = {}
+            for dist, (_version, files, _tags) in staged.items():
+                for rel in files:
+                    claims.setdefault(rel, []).append(dist)
+            alone: list[str] = []
+            for rel, owners in claims.items():
+                if len(owners) < 2:
+                    continue
+                digest = _b64(sha256_file(venv / rel))
+                for owner in owners:
+                    want = staged[owner][1][rel]
+                    if want is not None and want != digest and owner not in alone:
+                        alone.append(owner)  # its own bytes were overwritten: install it alone
+            left = set(_files(venv)) - skeleton - set(claims) - {UV_LOCK}
+            if left:
+                raise EnvironmentFailure(
+                    f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
+                )
+            shared = {rel for rel, owners in claims.items() if len(owners) > 1}
+            for dist in sorted(staged):
+                if dist in alone:
+                    continue
+                version, files, tags = staged[dist]
+                pkg = by_name.get(dist)
+                if pkg is None:
+                    raise EnvironmentFailure(f"uv installed {dist}, which the lock does not name")
+                made.append(self._tree(pkg, dist, version, files, tags, venv, shared, interp))
+        for dist in alone:
+            log.info("%s shares files with another distribution: installed on its own", dist)
+            made += self._stage(data, [by_name[dist]], install_lock)
+        return made
+
+    def reinstall(
+        self, install_lock: Path, packages: Sequence[Mapping[str, Any]]
+    ) -> list[TreeManifest]:
+        """Install ``packages`` of ``install_lock`` (a file in a writable folder, beside the
+        ``wheels/`` its path entries name) into new trees: what a repair does."""
+        data = tomllib.loads(install_lock.read_text())
+        return [m for m, _key in self._stage(data, packages, install_lock)]
+
+    def _tree(
+        self,
+        pkg: Mapping[str, Any],
+        dist: str,
+        version: str,
+        files: Mapping[str, str | None],
+        tags: frozenset[Tag] | None,
+        venv: Path,
+        shared: set[str],
+        interp: Mapping[str, str],
+    ) -> tuple[TreeManifest, str]:
+        candidates = _wheels(pkg)
+        wheel = _chosen(candidates, version, tags)
+        key = tree_key(wheel, self.layout, [sha for _n, sha in candidates])
+        digests = {rel: sha256_file(venv / rel) for rel in files}
+        as_published = [
+            rel for rel, want in files.items() if want is not None and _b64(digests[rel]) != want
+        ]
+        if as_published:
+            log.warning(
+                "%s %s: %d file(s) differ from the wheel's own RECORD as published (%s); "
+                "recorded as installed",
+                dist, version, len(as_published), as_published[0],
+            )  # fmt: skip
+        if self.trees.has(key):
+            self.trees.remove(key)  # its choice record was lost or it failed its check
+        manifest = self.trees.create(
+            key,
+            dist=dist,
+            version=version,
+            wheel=wheel,
+            layout=self.layout,
+            sources={rel: venv / rel for rel in files},
+            digests=digests,
+            shared=shared & set(files),
+            as_published=as_published,
+        )
+        inputs = _choice_inputs(pkg, self.python, interp, self.layout)
+        drv = self.store.record(CHOICE, inputs, {}, {"tree": key, "wheel": wheel})
+        return manifest, drv.key
+
+    def _link(
+        self, venv: Path, manifests: Sequence[TreeManifest], overlaps: Mapping[str, str]
+    ) -> tuple[str, int, dict[str, str]]:
+        """Put every tree's files into ``venv``. Two trees with one path must agree on its
+        bytes, or the spec's ``[image.overlaps]`` (loser = winner) says whose file it is, as
+        for an image: install order never decides. Returns how files were put in place, how
+        many, and the winner of each path with two versions."""
+        placed: dict[str, TreeManifest] = {}
+        winners: dict[str, str] = {}
+        modes: set[str] = set()
+        made_dirs: set[Path] = set()
+        for manifest in manifests:
+            base = self.trees.files(manifest.key)
+            for rel, entry in sorted(manifest.files.items()):
+                target = venv / rel
+                if rel in placed:
+                    other = placed[rel]
+                    if other.files[rel].sha256 == entry.sha256:
+                        continue
+                    winner = _winner(other.dist, manifest.dist, rel, overlaps)
+                    winners[rel] = winner
+                    if winner == other.dist:
+                        continue
+                    target.unlink()
+                parent = target.parent
+                if parent not in made_dirs:
+                    parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                    made_dirs.add(parent)
+                if target.exists() or target.is_symlink():
+                    raise EnvironmentFailure(f"{rel} of {manifest.dist} is a file of the venv")
+                modes.add(copy_into(base / rel, target))
+                placed[rel] = manifest
+        mode = "copy" if "copy" in modes else "reflink" if "reflink" in modes else "hardlink"
+        return mode, len(placed), winners
+
+
+def _winner(a: str, b: str, rel: str, overlaps: Mapping[str, str]) -> str:
+    rules: dict[str, str] = {
+        canonicalize_name(k): canonicalize_name(v) for k, v in overlaps.items()
+    }
+    if rules.get(a) == b:
+        return b
+    if rules.get(b) == a:
+        return a
+    raise UserError(
+        f"{a} and {b} both install {shown(rel)} with different bytes, and the spec does not say "
+        "which one wins",
+        hint=f'add `"{a}" = "{b}"` (loser = winner) or the reverse to [image.overlaps]',
+    )
+
+
+def _choice_inputs(pkg: Mapping[str, Any], python: str, interp: Any, lay: Any) -> dict[str, Any]:
+    return {
+        "package": canonicalize_name(str(pkg["name"])),
+        "version": str(pkg.get("version", "")),
+        "wheels": [list(w) for w in _wheels(pkg)],
+        "interpreter": dict(interp),
+        "python": python,
+        "layout": lay,
+    }
+
+
+def shown(rel: str) -> str:
+    """A venv path as a RECORD names it: relative to site-packages where it is inside."""
+    parts = rel.split(os.sep)
+    if len(parts) > 3 and parts[0] == "lib" and parts[2] == "site-packages":
+        return os.sep.join(parts[3:])
+    return rel
+
+
+def _b64(hex_digest: str) -> str:
+    return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).rstrip(b"=").decode()
+
+
+def _files(venv: Path) -> set[str]:
+    out = set()
+    for top, _dirs, names in os.walk(venv):
+        for name in names:
+            out.add(os.path.relpath(os.path.join(top, name), venv))
+    return out
+
+
+def _staged(venv: Path) -> dict[str, tuple[str, dict[str, str | None], frozenset[Tag] | None]]:
+    """Each distribution uv installed: version, its files (venv-relative -> RECORD hash), and
+    its WHEEL file's tags."""
+    out: dict[str, tuple[str, dict[str, str | None], frozenset[Tag] | None]] = {}
+    for site in sorted((venv / "lib").glob("python*/site-packages")):
+        for entry in sorted(os.listdir(site)):
+            if not entry.endswith(".dist-info"):
+                continue
+            dist = read_dist(str(site), entry)
+            if dist.record is None:
+                raise EnvironmentFailure(f"{entry}: uv installed it without a RECORD")
+            files: dict[str, str | None] = {}
+            # every line, bytecode a wheel ships included (a RECORD check skips those)
+            for row in records.rows(dist.record):
+                named, hashed = row[0], row[1] if len(row) > 1 else ""
+                path = os.path.normpath(os.path.join(site, named))
+                rel = os.path.relpath(path, venv)
+                if rel.startswith("..") or os.path.isabs(rel):
+                    raise EnvironmentFailure(f"{entry}: RECORD names {named}, outside the venv")
+                if not os.path.isfile(venv / rel) or os.path.islink(venv / rel):
+                    raise EnvironmentFailure(f"{entry}: {named} was not installed")
+                digest = hashed[7:].rstrip("=") if hashed.startswith("sha256=") else ""
+                files[rel] = digest or None
+            out[canonicalize_name(dist.name)] = (dist.version, files, _tags(site / entry))
+    return out
+
+
+def _tags(dist_info: Path) -> frozenset[Tag] | None:
+    try:
+        headers = HeaderParser().parsestr((dist_info / "WHEEL").read_text(errors="replace"))
+    except OSError:
+        return None
+    found: set[Tag] = set()
+    for value in headers.get_all("Tag") or []:
+        try:
+            found |= parse_tag(value.strip())
+        except ValueError:
+            return None
+    return frozenset(found) or None
+
+
+def _chosen(
+    candidates: Sequence[tuple[str, str]], version: str, tags: frozenset[Tag] | None
+) -> str | None:
+    """The sha256 of the one candidate wheel whose file name has the installed WHEEL's tags."""
+    if tags is None:
+        return None
+    match = []
+    for filename, sha in candidates:
+        try:
+            _name, _ver, _build, file_tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue
+        if file_tags == tags:
+            match.append(sha)
+    return match[0] if len(set(match)) == 1 and match[0] else None
