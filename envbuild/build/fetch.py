@@ -3,7 +3,8 @@
 A wheel's blob is named by the sha256 the lock promises. The download streams into a temporary
 file in the store while hashing; only bytes whose size and sha256 match are renamed into place,
 so a killed or failed download leaves no blob under a wrong name. ``file://`` URLs (a local
-wheel index) are read the same way.
+wheel index) are read the same way. Ctrl-C drops the downloads not started and stops those under
+way at their next chunk.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -60,18 +62,27 @@ def fetch_wheels(
         return out
     total = sum(w.size for w in missing)
     log.info("downloading %d wheel(s), %.1f MB", len(missing), total / 1e6)
+    stop = threading.Event()
     with (
         progress.task(f"download {len(missing)} wheels", total) as task,
         ThreadPoolExecutor(max_workers=max(1, workers)) as pool,
     ):
-        futures = [pool.submit(_fetch_one, w, store, task.advance) for w in _largest_first(missing)]
-        errors: list[BaseException] = []
-        for fut in futures:
-            try:
-                sha, path = fut.result()
-                out[sha] = path
-            except BaseException as exc:
-                errors.append(exc)
+        errors: list[Exception] = []
+        try:
+            futures = [
+                pool.submit(_fetch_one, w, store, task.advance, stop)
+                for w in _largest_first(missing)
+            ]
+            for fut in futures:
+                try:
+                    sha, path = fut.result()
+                    out[sha] = path
+                except Exception as exc:  # a download's failure: the others still finish
+                    errors.append(exc)
+        except BaseException:  # Ctrl-C here: the pool's exit would wait for every download
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         if errors:
             raise errors[0]
     return out
@@ -81,12 +92,14 @@ def _largest_first(wheels: list[WheelRef]) -> list[WheelRef]:
     return sorted(wheels, key=lambda w: (-w.size, w.filename))
 
 
-def _fetch_one(wheel: WheelRef, store: Store, advance: Callable[[int], None]) -> tuple[str, Path]:
+def _fetch_one(
+    wheel: WheelRef, store: Store, advance: Callable[[int], None], stop: threading.Event
+) -> tuple[str, Path]:
     dest = store.blob_path(f"sha256:{wheel.sha256}")
     for attempt in range(1, RETRIES + 1):
         done = 0
         try:
-            return wheel.sha256, _download(wheel, store, dest, advance)
+            return wheel.sha256, _download(wheel, store, dest, advance, stop)
         except _Transient as exc:
             done = exc.done
             if attempt == RETRIES:
@@ -99,6 +112,10 @@ def _fetch_one(wheel: WheelRef, store: Store, advance: Callable[[int], None]) ->
             advance(-done)
             time.sleep(attempt)
     raise AssertionError("unreachable")
+
+
+class _Stopped(Exception):
+    """The download was stopped (Ctrl-C in the caller): its temporary blob is discarded."""
 
 
 class _Transient(Exception):
@@ -123,7 +140,13 @@ def open_url(url: str, *, timeout: float = 60) -> Any:
     return urllib.request.urlopen(request, timeout=timeout, context=_context())
 
 
-def _download(wheel: WheelRef, store: Store, dest: Path, advance: Callable[[int], None]) -> Path:
+def _download(
+    wheel: WheelRef,
+    store: Store,
+    dest: Path,
+    advance: Callable[[int], None],
+    stop: threading.Event,
+) -> Path:
     try:
         response = open_url(wheel.url)
     except urllib.error.HTTPError as exc:
@@ -137,6 +160,8 @@ def _download(wheel: WheelRef, store: Store, dest: Path, advance: Callable[[int]
         raise _Transient(str(getattr(exc, "reason", exc)), 0) from None
     with response, store.blob_writer() as w:
         while True:
+            if stop.is_set():
+                raise _Stopped(wheel.filename)
             try:
                 chunk = response.read(CHUNK)
             except (TimeoutError, ConnectionError, OSError) as exc:

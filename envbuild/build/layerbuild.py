@@ -60,32 +60,37 @@ def build_layers(
     whether the store had it, in ``todo``'s order. When a layer fails, or ``defer_to`` does, the
     layers not started yet are dropped and this waits for the running ones (what they made
     stays in the store): a failed layer's error is raised, a failed ``defer_to`` gives None (it
-    is the caller's to raise). ``blobs`` (wheel sha256 -> file) gains the wheels fetched."""
+    is the caller's to raise); so for Ctrl-C, which is raised once the running ones are done.
+    ``blobs`` (wheel sha256 -> file) gains the wheels fetched."""
     init = (lambda: _defer(defer_to)) if defer_to is not None else None
     with ThreadPoolExecutor(max_workers=WORKERS, initializer=init) as pool:
-        jobs = {
-            layer.name: pool.submit(
-                build_layer,
-                layer,
-                store,
-                blobs,
-                by_sha,
-                leaves,
-                target,
-                compression,
-                progress,
-            )
-            for layer in todo
-        }
-        pending: set[Future[Any]] = set(jobs.values())
-        base = {defer_to} if defer_to is not None else set()
-        while pending:
-            done, _ = wait(pending | base, return_when=FIRST_COMPLETED)
-            if any(f.exception() is not None for f in done):
-                pool.shutdown(cancel_futures=True)
-                break
-            pending -= done
-            base -= done
+        try:
+            jobs = {
+                layer.name: pool.submit(
+                    build_layer,
+                    layer,
+                    store,
+                    blobs,
+                    by_sha,
+                    leaves,
+                    target,
+                    compression,
+                    progress,
+                )
+                for layer in todo
+            }
+            pending: set[Future[Any]] = set(jobs.values())
+            base = {defer_to} if defer_to is not None else set()
+            while pending:
+                done, _ = wait(pending | base, return_when=FIRST_COMPLETED)
+                if any(f.exception() is not None for f in done):
+                    pool.shutdown(cancel_futures=True)
+                    break
+                pending -= done
+                base -= done
+        except BaseException:  # Ctrl-C: the pool's exit would run every layer still queued
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     if defer_to is not None and defer_to.done() and defer_to.exception() is not None:
         return None
     # the pool takes jobs in this order: none dropped before a failed one, whose error the

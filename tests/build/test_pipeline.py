@@ -238,3 +238,44 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
              if line.split() and line.split()[-1] in ("cached", "rebuilt")}  # fmt: skip
     assert state.pop(made[0]) == "cached"
     assert len(state) >= 5 and set(state.values()) == {"rebuilt"}, state
+
+
+def test_ctrl_c_during_the_layers_drops_the_layers_not_started(
+    repo: Path, cli: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the first layer is being made: the build exits 130 once that one is done,
+    without making the layers still queued (the pool's exit would run them all)."""
+    import signal
+    import threading
+    import time
+
+    from envbuild.build import layerbuild
+    from envbuild.errors import ExitCode
+
+    d = repo / "wheels"
+    wheels = [ref(make_wheel(d, f"w{i}", "1.0", {f"w{i}.py": f"X = {i}\n"})) for i in range(6)]
+    spec = write_project(repo, "interrupted", wheels)
+    made: list[str] = []
+    real_layer = layerbuild.build_layer
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def layer(plan_layer, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(plan_layer.name)
+        if len(made) == 1:
+            time.sleep(0.1)  # every layer is queued by now
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, in the thread it lands in
+        time.sleep(0.2)
+        return real_layer(plan_layer, *args, **kwargs)
+
+    monkeypatch.setattr(layerbuild, "WORKERS", 1)
+    monkeypatch.setattr(layerbuild, "build_layer", layer)
+    # a suite started with SIGINT ignored (`pytest … &` in a script) must not hide it here
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = build(cli, repo, spec)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert result.exit_code == ExitCode.INTERRUPTED, result.stderr
+    assert "interrupted" in result.stderr
+    assert len(made) == 1, made

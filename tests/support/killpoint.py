@@ -9,11 +9,18 @@ The steps counted, from the moment the image stage starts writing the folder: ev
 1 MiB buffer of a tar written out. With N = 0 the run finishes and the last line of stderr
 says how many steps it took (``killpoint steps: K``), so a test can pick points among them. A
 pause waits at the first step from N on that the main thread takes (where Ctrl-C lands).
+
+The run stands for ``envbuild build`` in a terminal's foreground, where Ctrl-C interrupts it, so
+SIGINT raises KeyboardInterrupt here whatever the parent left: a process started with SIGINT
+ignored keeps it ignored across exec, and Python then installs no handler for it. A test run
+started in the background of a script (``pytest … &``: the shell ignores SIGINT in it) passes
+that on to every child, and a Ctrl-C test's build would sleep out its pause and finish.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -24,6 +31,7 @@ import envbuild.build.pipeline as build_mod
 from envbuild.build import outputs, tarwrite
 from envbuild.cli import main
 
+signal.signal(signal.SIGINT, signal.default_int_handler)
 KILL_AT = int(sys.argv[1])
 state = {"steps": 0, "armed": False, "paused": False}
 
