@@ -20,7 +20,7 @@ import base64
 import logging
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -34,7 +34,7 @@ from envbuild import proc
 from envbuild.apply import venv as venvs
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.fsio import sha256_file
-from envbuild.snapshot import records
+from envbuild.snapshot import hashing, records
 from envbuild.snapshot.distinfo import read_dist
 from envbuild.store.core import Store, derivation_key
 from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key
@@ -212,6 +212,7 @@ class Assembler:
                     f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
                 )
             shared = {rel for rel, owners in claims.items() if len(owners) > 1}
+            hashed = _hash_all(venv, claims)
             for dist in sorted(staged):
                 if dist in alone:
                     continue
@@ -219,7 +220,9 @@ class Assembler:
                 pkg = by_name.get(dist)
                 if pkg is None:
                     raise EnvironmentFailure(f"uv installed {dist}, which the lock does not name")
-                made.append(self._tree(pkg, dist, version, files, tags, venv, shared, interp))
+                made.append(
+                    self._tree(pkg, dist, version, files, tags, venv, shared, interp, hashed)
+                )
         for dist in alone:
             log.info("%s shares files with another distribution: installed on its own", dist)
             made += self._stage(data, [by_name[dist]], install_lock)
@@ -243,11 +246,12 @@ class Assembler:
         venv: Path,
         shared: set[str],
         interp: Mapping[str, str],
+        hashed: Mapping[str, str],
     ) -> tuple[TreeManifest, str]:
         candidates = _wheels(pkg)
         wheel = _chosen(candidates, version, tags)
         key = tree_key(wheel, self.layout, [sha for _n, sha in candidates])
-        digests = {rel: sha256_file(venv / rel) for rel in files}
+        digests = {rel: hashed[rel] for rel in files}
         as_published = [
             rel for rel, want in files.items() if want is not None and _b64(digests[rel]) != want
         ]
@@ -342,6 +346,20 @@ def shown(rel: str) -> str:
     if len(parts) > 3 and parts[0] == "lib" and parts[2] == "site-packages":
         return os.sep.join(parts[3:])
     return rel
+
+
+def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
+    """The sha256 (hex) of each staged file, hashed on every core."""
+    names = list(rels)
+    items = [(str(venv / rel), os.lstat(venv / rel).st_size) for rel in names]
+    found = hashing.hash_files(items)
+    out = {}
+    for rel, (path, _size) in zip(names, items, strict=True):
+        got = found[path]
+        if got.digest is None:
+            raise EnvironmentFailure(f"{rel}: cannot be read after install ({got.error})")
+        out[rel] = got.digest.hex()
+    return out
 
 
 def _b64(hex_digest: str) -> str:

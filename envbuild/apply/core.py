@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
+from envbuild.apply import shared
 from envbuild.apply import unit as units
 from envbuild.apply.builder import (
     Found,
@@ -360,10 +361,14 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
 
 def _link_report(target: gens.Generation, spec: Spec) -> Report:
     """The link check over a generation's venv (envbuild.linkcheck.Report), cached per file:
-    a generation checked before costs a stat per file."""
+    a generation checked before costs a stat per file, and a file that is still its install
+    tree's inode is known by the sha256 the tree's manifest has (no file is hashed again)."""
     from envbuild import linkcheck
 
-    return linkcheck.check_folder("/", str(target.venv), accept=spec.image.link_findings)
+    digests = shared.tree_digests(target)
+    return linkcheck.check_folder(
+        "/", str(target.venv), accept=spec.image.link_findings, digests=digests
+    )
 
 
 def link_result(target: gens.Generation, spec: Spec) -> LinkResult:

@@ -31,7 +31,7 @@ from envbuild.apply.generations import Generation
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import sha256_file
 from envbuild.snapshot.records import Mode
-from envbuild.store.core import Store
+from envbuild.store.core import Store, default_store
 from envbuild.store.trees import MANIFEST, TreeManifest, Trees, copy_into, read_manifest
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,23 @@ def own_files(
 
 def _content(manifest: TreeManifest) -> dict[str, tuple[str, int, int]]:
     return {rel: (f.sha256, f.size, f.mode) for rel, f in manifest.files.items()}
+
+
+def tree_digests(gen: Generation, store: Store | None = None) -> dict[str, str]:
+    """Absolute path -> sha256 of each venv file that is still the inode of its tree's file (so
+    its bytes are the ones the manifest hashed when the tree was made)."""
+    trees = Trees(store or default_store())
+    want, _gone = expected(gen.path, gen.meta.trees, gen.meta.overlaps)
+    out = {}
+    for rel, (_dist, manifest) in want.items():
+        path = gen.venv / rel
+        try:
+            a, b = os.lstat(path), os.lstat(trees.files(manifest.key) / rel)
+        except OSError:
+            continue
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            out[str(path)] = manifest.files[rel].sha256
+    return out
 
 
 def linked_by(all_gens: Sequence[Generation]) -> dict[str, list[int]]:

@@ -239,13 +239,16 @@ def check_folder(
     torch: str | None = None,
     accept: Mapping[str, str] | None = None,
     cache: Cache | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> Report:
     """Check the environment under ``prefix`` of the tree at ``root`` (a live venv: root ``/``
     and its own path). ``system`` is the base's library folders and listing (default: read at
-    ``system_root``); ``accept`` maps finding ids to the spec's reasons."""
+    ``system_root``); ``accept`` maps finding ids to the spec's reasons; ``digests`` (path on
+    this machine -> sha256) names files whose bytes are known, so they are not hashed."""
     files, names = _candidates(root, prefix)
+    known = digests or {}
     return check_entries(
-        {env: (here, None) for env, here in files.items()},
+        {env: (here, known.get(here)) for env, here in files.items()},
         names=frozenset(names),
         owners=_owners(root, prefix),
         system=system if system is not None else system_listing(system_root),
