@@ -1,9 +1,12 @@
 """How long apply takes to realise a generation from a committed lock, and to check one again.
 
-``python3 bench/apply.py --shared A B`` instead: generation A then B (B sharing torch and vLLM
-with A) in one state dir and one store, beside today's plain install of B (every file copied out
-of uv's cache) and uv's own hardlink install of B, all with the uv cache as it is (warm); the new
-disk each takes is the file system's free space before and after.
+``python3 bench/apply.py --shared [--before DIR] [A B]`` instead (default kimi-k25-int4 then
+minimax-m25-fp8, which share every distribution): plain ``uv pip sync`` of B, copying and
+hard-linking, DIR's own ``realise`` of B (another checkout: today's generation), then
+generation A and generation B in one state dir and one store, and the full check of B. Each
+step gets an empty uv cache of its own (uv 0.13 downloads a pylock's wheels again on every sync,
+so a shared cache only fills the disk); the new disk is the file system's free space before and
+after, uv's cache included.
 
 For each spec (default: quickstart and kimi-k25-int4): *cold* = a new generation with an empty
 uv cache (every wheel downloaded from PyPI); *warm* = a new generation in a new root with that
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,7 +96,28 @@ def plain_install(venv: Path, lock: Path, mode: str, python: str) -> None:
         raise SystemExit(f"uv pip sync --link-mode {mode} failed:\n{run.stdout}\n{run.stderr}")
 
 
-def shared(a: str, b: str, work: Path) -> None:
+BEFORE = """
+import sys, time
+from pathlib import Path
+from envbuild.apply.builder import realise
+from envbuild.apply.inputs import from_spec
+from envbuild.apply.paths import Paths
+realise(Paths(sys.argv[2]), from_spec(sys.argv[1]), {})
+"""
+
+
+def before_install(tree: Path, spec: str, root: Path) -> None:
+    """``realise`` of another checkout (``--before``: today's generation, for the same run)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-c", BEFORE, str(tree / spec), str(root)],
+        check=False, env=env, capture_output=True, text=True, cwd=tree,
+    )  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"--before realise failed:\n{done.stderr[-2000:]}")
+
+
+def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
     from envbuild.apply.venv import INSTALL_LOCK, install_lock
     from envbuild.store.core import Store
 
@@ -111,6 +136,13 @@ def shared(a: str, b: str, work: Path) -> None:
         print(f"| plain `uv pip sync --link-mode {mode}` of {second.name} | {t:.1f} | {d:.0f} |",
               flush=True)  # fmt: skip
         shutil.rmtree(venv)  # the disk is not big enough for every copy at once
+    if before is not None:
+        rev = subprocess.run(["git", "-C", str(before), "rev-parse", "--short", "HEAD"],
+                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+        _none, t, d = timed(lambda: before_install(before, b, work / "before-root"), work, 9)
+        print(f"| today's generation of {second.name} ({rev}: copied, every file hashed) | "
+              f"{t:.1f} | {d:.0f} |", flush=True)  # fmt: skip
+        remove_tree(work / "before-root")
     gen_a, t, d = timed(lambda: realise(paths, first, {}, store=store).generation, work, 2)
     print(f"| first generation ({first.name}, its trees made) | {t:.1f} | {d:.0f} |", flush=True)
     gen_b, t, d = timed(lambda: realise(paths, second, {}, store=store).generation, work, 3)

@@ -269,7 +269,7 @@ class Assembler:
             version=version,
             wheel=wheel,
             layout=self.layout,
-            sources={rel: venv / rel for rel in files},
+            sources={rel: f"{venv}/{rel}" for rel in files},
             digests=digests,
             shared=shared & set(files),
             as_published=as_published,
@@ -288,11 +288,12 @@ class Assembler:
         placed: dict[str, TreeManifest] = {}
         winners: dict[str, str] = {}
         modes: set[str] = set()
-        made_dirs: set[Path] = set()
-        for manifest in manifests:
-            base = self.trees.files(manifest.key)
+        made_dirs: set[str] = set()
+        root = str(venv)
+        for manifest in manifests:  # str paths: this runs once per file of the venv
+            base = str(self.trees.files(manifest.key))
             for rel, entry in sorted(manifest.files.items()):
-                target = venv / rel
+                target = f"{root}/{rel}"
                 if rel in placed:
                     other = placed[rel]
                     if other.files[rel].sha256 == entry.sha256:
@@ -301,14 +302,20 @@ class Assembler:
                     winners[rel] = winner
                     if winner == other.dist:
                         continue
-                    target.unlink()
-                parent = target.parent
+                    os.unlink(target)
+                parent = os.path.dirname(target)
                 if parent not in made_dirs:
-                    parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                    os.makedirs(parent, mode=0o755, exist_ok=True)
                     made_dirs.add(parent)
-                if target.exists() or target.is_symlink():
-                    raise EnvironmentFailure(f"{rel} of {manifest.dist} is a file of the venv")
-                modes.add(copy_into(base / rel, target))
+                try:
+                    os.link(f"{base}/{rel}", target)
+                    modes.add("hardlink")
+                except FileExistsError:
+                    raise EnvironmentFailure(
+                        f"{rel} of {manifest.dist} is a file of the venv"
+                    ) from None
+                except OSError:
+                    modes.add(copy_into(Path(base, rel), Path(target)))
                 placed[rel] = manifest
         mode = "copy" if "copy" in modes else "reflink" if "reflink" in modes else "hardlink"
         return mode, len(placed), winners
@@ -351,7 +358,11 @@ def shown(rel: str) -> str:
 def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
     """The sha256 (hex) of each staged file, hashed on every core."""
     names = list(rels)
-    items = [(str(venv / rel), os.lstat(venv / rel).st_size) for rel in names]
+    root = str(venv)
+    try:
+        items = [(f"{root}/{rel}", os.lstat(f"{root}/{rel}").st_size) for rel in names]
+    except OSError as exc:
+        raise EnvironmentFailure(f"a file a RECORD names was not installed: {exc}") from exc
     found = hashing.hash_files(items)
     out = {}
     for rel, (path, _size) in zip(names, items, strict=True):
@@ -368,9 +379,9 @@ def _b64(hex_digest: str) -> str:
 
 def _files(venv: Path) -> set[str]:
     out = set()
+    skip = len(str(venv)) + 1
     for top, _dirs, names in os.walk(venv):
-        for name in names:
-            out.add(os.path.relpath(os.path.join(top, name), venv))
+        out.update(os.path.join(top, name)[skip:] for name in names)
     return out
 
 
@@ -387,14 +398,12 @@ def _staged(venv: Path) -> dict[str, tuple[str, dict[str, str | None], frozenset
                 raise EnvironmentFailure(f"{entry}: uv installed it without a RECORD")
             files: dict[str, str | None] = {}
             # every line, bytecode a wheel ships included (a RECORD check skips those)
+            prefix = str(site.relative_to(venv))
             for row in records.rows(dist.record):
                 named, hashed = row[0], row[1] if len(row) > 1 else ""
-                path = os.path.normpath(os.path.join(site, named))
-                rel = os.path.relpath(path, venv)
+                rel = os.path.normpath(f"{prefix}/{named}")
                 if rel.startswith("..") or os.path.isabs(rel):
                     raise EnvironmentFailure(f"{entry}: RECORD names {named}, outside the venv")
-                if not os.path.isfile(venv / rel) or os.path.islink(venv / rel):
-                    raise EnvironmentFailure(f"{entry}: {named} was not installed")
                 digest = hashed[7:].rstrip("=") if hashed.startswith("sha256=") else ""
                 files[rel] = digest or None
             out[canonicalize_name(dist.name)] = (dist.version, files, _tags(site / entry))

@@ -204,7 +204,7 @@ def build(
             venv_files=shared.own_files(tmp, assembled.trees, assembled.winners),
         )
         write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
-        gens.freeze(tmp)
+        shared.freeze(tmp, meta.venv_files)
         store.set_root(
             shared.root_name(final),
             trees=assembled.trees.values(),

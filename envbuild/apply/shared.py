@@ -19,7 +19,7 @@ import shutil
 import stat
 import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -43,14 +43,41 @@ def root_name(final: Path) -> str:
     return f"gen-{where}-{final.name}"
 
 
+def _paths(venv: Path) -> list[str]:
+    """Every file and symlink under ``venv``, venv-relative (no stat: a folder's listing)."""
+    out = []
+    skip = len(str(venv)) + 1
+    for top, dirs, names in os.walk(venv):
+        out += [os.path.join(top, name)[skip:] for name in names]
+        out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
+    return out
+
+
 def _entries(venv: Path) -> dict[str, os.stat_result]:
     """Every file and symlink under ``venv`` (venv-relative), with its lstat."""
-    out = {}
-    for top, dirs, names in os.walk(venv):
-        for name in [*names, *(d for d in dirs if os.path.islink(os.path.join(top, d)))]:
-            path = os.path.join(top, name)
-            out[os.path.relpath(path, venv)] = os.lstat(path)
-    return out
+    root = str(venv)
+    return {rel: os.lstat(f"{root}/{rel}") for rel in _paths(venv)}
+
+
+def freeze(folder: Path, venv_files: Iterable[str]) -> None:
+    """Make a generation being built read-only: its own files and every folder. The venv's
+    linked files are their trees' (read-only already, and not this generation's to chmod)."""
+    for entry in folder.iterdir():
+        if entry.name != "venv":
+            gens.freeze(entry)
+    for rel in venv_files:
+        _read_only(str(folder / "venv" / rel))
+    for top, dirs, _names in os.walk(folder / "venv", topdown=False):
+        for name in dirs:
+            _read_only(os.path.join(top, name))
+    _read_only(str(folder / "venv"))
+    _read_only(str(folder))
+
+
+def _read_only(path: str) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o222:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o222)
 
 
 def _bytecode(rel: str) -> bool:
@@ -128,11 +155,8 @@ def own_files(
     (call once the manifests are linked in: :func:`link_manifests`)."""
     venv = folder / "venv"
     linked, _gone = expected(folder, tree_keys, winners)
-    return {
-        rel: _describe(venv / rel, st)
-        for rel, st in sorted(_entries(venv).items())
-        if rel not in linked
-    }
+    own = sorted(rel for rel in _paths(venv) if rel not in linked)
+    return {rel: _describe(venv / rel, os.lstat(venv / rel)) for rel in own}
 
 
 def _content(manifest: TreeManifest) -> dict[str, tuple[str, int, int]]:

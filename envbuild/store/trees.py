@@ -212,7 +212,7 @@ class Trees:
         version: str,
         wheel: str | None,
         layout: Mapping[str, Any],
-        sources: Mapping[str, Path],
+        sources: Mapping[str, str | Path],
         digests: Mapping[str, str],
         shared: Iterable[str] = (),
         as_published: Iterable[str] = (),
@@ -227,12 +227,18 @@ class Trees:
         self.store.tmp.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f"tree-{key[:12]}-", dir=self.store.tmp))
         try:
-            base = work / FILES
-            base.mkdir()
+            base = str(work / FILES)
+            os.mkdir(base)
+            made = {base}
             entries: dict[str, TreeFile] = {}
-            for rel in sorted(sources):
-                target = base / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
+            for rel in sorted(sources):  # str paths: this runs once per file of torch & co.
+                target = f"{base}/{rel}"
+                parent = os.path.dirname(target)
+                if parent not in made:
+                    os.makedirs(parent, exist_ok=True)
+                    while parent not in made:  # and every folder above it, up to files/
+                        made.add(parent)
+                        parent = os.path.dirname(parent)
                 src = sources[rel]
                 if rel in shared_paths:
                     os.link(src, target)
@@ -243,8 +249,7 @@ class Trees:
                     raise StoreError(f"tree {dist} {version}: {rel} is not a regular file")
                 mode = _mode(st.st_mode)
                 if stat.S_IMODE(st.st_mode) != mode:
-                    os.chmod(target, mode)
-                st = os.lstat(target)
+                    os.chmod(target, mode)  # the mtime stays
                 entries[rel] = TreeFile(
                     sha256=digests[rel], size=st.st_size, mode=mode, mtime_ns=st.st_mtime_ns
                 )
@@ -259,9 +264,8 @@ class Trees:
             )
             (work / MANIFEST).write_text(canonical_json(manifest.model_dump(mode="json")))
             os.chmod(work / MANIFEST, 0o444)
-            for top, dirs, _names in os.walk(work, topdown=False):
-                for name in dirs:
-                    os.chmod(os.path.join(top, name), 0o555)
+            for folder in sorted(made, key=len, reverse=True):
+                os.chmod(folder, 0o555)  # every folder made above, deepest first
             try:
                 os.rename(work, self.path(key))
             except OSError as exc:
