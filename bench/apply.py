@@ -145,8 +145,20 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
         remove_tree(work / "before-root")
     gen_a, t, d = timed(lambda: realise(paths, first, {}, store=store).generation, work, 2)
     print(f"| first generation ({first.name}, its trees made) | {t:.1f} | {d:.0f} |", flush=True)
+    from envbuild.apply.core import _link_report
+
+    start = time.perf_counter()
+    _link_report(gen_a, first.spec)
+    took = time.perf_counter() - start
+    print(f"| link check of generation {gen_a.number} (empty link-check cache) | {took:.1f} | |")
     gen_b, t, d = timed(lambda: realise(paths, second, {}, store=store).generation, work, 3)
     print(f"| second generation ({second.name}, sharing) | {t:.1f} | {d:.0f} |", flush=True)
+    start = time.perf_counter()
+    _link_report(gen_b, second.spec)
+    took = time.perf_counter() - start
+    print(
+        f"| link check of generation {gen_b.number} (what apply runs on it next) | {took:.1f} | |"
+    )
     start = time.perf_counter()
     found = find_reusable(paths, gen_b.meta.content_hash, store=store)
     assert found.generation is not None
@@ -164,13 +176,18 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--shared"]:
-        a, b = (
-            argv[1:3]
-            if len(argv) >= 3
-            else ("specs/kimi-k25-int4.toml", "specs/minimax-m25-fp8.toml")
-        )
+        rest = argv[1:]
+        before = None
+        if "--before" in rest:
+            at = rest.index("--before")
+            before = Path(rest[at + 1]).resolve()
+            del rest[at : at + 2]
+        a, b = rest[:2] if len(rest) >= 2 else (DEFAULT[1], "specs/minimax-m25-fp8.toml")
         with tempfile.TemporaryDirectory(prefix="envbuild-bench-shared-") as tmp:
-            shared(a, b, Path(tmp))
+            # the store apply's link check finds the trees in, and an empty link-check cache
+            os.environ["ENVBUILD_STORE"] = str(Path(tmp) / "store")
+            os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "xdg")
+            shared(a, b, Path(tmp), before)
         return
     print("| spec | distributions | venv files | venv GB | cold (s) | warm (s) | verify (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
