@@ -190,8 +190,9 @@ MAX_MEMBER_BYTES = 8 << 30
 #: once; the biggest members are jobs of their own).
 JOB_BYTES = 256 << 20
 
-#: (wheel path, its members, whether to hash them: the wheel's sha256 is not known).
-_Job = tuple[str, tuple[str, ...], bool]
+#: (wheel path, its members, whether to hash them (the wheel's sha256 is not known), whether it
+#: runs in a forked worker process).
+_Job = tuple[str, tuple[str, ...], bool, bool]
 _Result = tuple[str, dict[str, Any] | None, list[str], str | None, bytes | None]
 
 
@@ -200,9 +201,11 @@ def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
     facts, exports, error, the bytes when they are not a readable ELF file: they are then
     written out for the report)."""
     from envbuild.linkcheck.elf import BadElf, is_elf, read_elf
-    from envbuild.linkcheck.zipread import read_member
+    from envbuild.linkcheck.zipread import keep_heap, read_member
 
-    path, members, hashed = job
+    path, members, hashed, forked = job
+    if forked:  # a worker process, which exits when the jobs are done
+        keep_heap()
     out: list[_Result] = []
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed with the zip below)
@@ -248,7 +251,7 @@ def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, lis
             while take < len(sized) and sum(x[0] for x in sized[: take + 1]) <= JOB_BYTES:
                 take += 1
             batch, sized = sized[:take], sized[take:]
-            job = (str(path), tuple(m for _, m, _ in batch), hashed[path])
+            job = (str(path), tuple(m for _, m, _ in batch), hashed[path], False)
             jobs.append((sum(x[0] for x in batch), job, [env for _, _, env in batch]))
     jobs.sort(key=lambda j: -j[0])
     return jobs
@@ -276,7 +279,7 @@ def _read_members(
     workers = hashing.DEFAULT_WORKERS or os.cpu_count() or 1
     processes = workers > 1 and len(jobs) > 1 and hashing.forkable() and total >= 64 << 20
     results = hashing.run_jobs(
-        [job for _, job, _ in jobs],
+        [(*job[:3], processes) for _, job, _ in jobs],
         _read_job,
         workers=workers,
         processes=processes,

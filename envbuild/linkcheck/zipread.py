@@ -9,10 +9,14 @@ CRC-32 (~6x); any other method, or an encrypted member, is read by :mod:`zipfile
 
 Memory is bounded by the member's stated size, and a member cannot state more than deflate can
 make of its compressed bytes. Every failure is :class:`zipfile.BadZipFile`.
+
+:func:`keep_heap` is for a worker process that reads many large members and then exits.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import struct
 import zipfile
@@ -72,3 +76,22 @@ def read_member(f: IO[bytes], zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit:
     if isal_zlib.crc32(data) & 0xFFFFFFFF != info.CRC:
         raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
     return data
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+
+
+@functools.cache
+def keep_heap() -> bool:
+    """Have glibc's malloc serve every allocation from its heap and never give freed memory
+    back, for the rest of this process: each member's buffers then reuse pages already faulted
+    in, where a fresh mapping per buffer has the kernel zero and fault in every page of every
+    member again (most of the system time of inflating GBs). Only for a short-lived worker
+    process: its heap stays as large as its largest member's buffers until it exits. False
+    where the C library has no such knob (not glibc: nothing changes)."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))

@@ -141,3 +141,22 @@ def test_a_hostile_wheel_through_the_check_is_exit_2(
     for path, _key in entries.values():
         if path is not None:  # not a readable ELF file: written out, as zipfile reads it
             assert Path(path).read_bytes() == zipfile_read(bytes(blob))
+
+
+def test_a_process_that_keeps_its_heap_reads_the_same() -> None:
+    """keep_heap (in a process of its own: it is for the rest of the process) changes where
+    buffers come from, not what is read."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from tests.linkcheck import test_zipread as t;"
+        "from envbuild.linkcheck.zipread import keep_heap; kept = keep_heap();"
+        "assert all(t.read(t.wheel_bytes(b * 40000)) == b * 40000 for b in (b'ab', b'\\x00'));"
+        "print(kept)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() in ("True", "False")  # False: not glibc, nothing changed
