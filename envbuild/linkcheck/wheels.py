@@ -98,11 +98,11 @@ def member_key(wheel_sha256: str, member: str) -> str:
 
 
 def _members(
-    zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str]
+    zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str], records: bool = True
 ) -> list[tuple[str, str, str | None, bool]]:
-    """A wheel's installed members in its order: (path in the image, member, RECORD sha256,
-    may be ELF)."""
-    hashes = _records(zf)
+    """A wheel's installed members in its order: (path in the image, member, RECORD sha256
+    (None without ``records``), may be ELF)."""
+    hashes = _records(zf) if records else {}
     out: list[tuple[str, str, str | None, bool]] = []
     venv = target.venv.rstrip("/")
     for info in zf.infolist():
@@ -155,6 +155,7 @@ def wheel_entries(
     names: set[str] = set()
     owners: dict[str, tuple[str, str]] = {}
     pending: dict[str, tuple[Wheel, str]] = {}  # what to take out: the last wheel's member
+    sizes: dict[Path, dict[str, int]] = {}  # of the ELF members of the wheels opened here
     for wheel in wheels:
         leave = (leaves or {}).get(wheel.dist, frozenset())
         key = _key(wheel.sha256, target.key(), sorted(leave)) if wheel.sha256 else None
@@ -162,7 +163,9 @@ def wheel_entries(
         if members is None:
             try:
                 with zipfile.ZipFile(wheel.path) as zf:
-                    members = _members(zf, target, leave)
+                    # a wheel's sha256 names its members' facts: its RECORD is not asked
+                    members = _members(zf, target, leave, records=not wheel.sha256)
+                    sizes[wheel.path] = {m: zf.getinfo(m).file_size for _, m, _, e in members if e}
             except (OSError, zipfile.BadZipFile, KeyError) as exc:
                 raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
             if key:
@@ -179,7 +182,7 @@ def wheel_entries(
                 pending.pop(env, None)
                 continue
             pending[env] = (wheel, member)
-    entries.update(_read_members(pending, work, cache, meanwhile))
+    entries.update(_read_members(pending, work, cache, meanwhile, sizes))
     return entries, names, owners
 
 
@@ -231,8 +234,11 @@ def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
     return out
 
 
-def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, list[str]]]:
-    """The pending members as (bytes, job, the image paths it reads), costliest first."""
+def _jobs(
+    pending: Mapping[str, tuple[Wheel, str]], sizes: Mapping[Path, Mapping[str, int]]
+) -> list[tuple[int, _Job, list[str]]]:
+    """The pending members as (bytes, job, the image paths it reads), costliest first;
+    ``sizes``: the members' sizes where their wheel has been opened already."""
     by_wheel: dict[Path, list[tuple[str, str]]] = {}
     hashed: dict[Path, bool] = {}
     for env, (wheel, member) in pending.items():
@@ -240,9 +246,13 @@ def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, lis
         hashed[wheel.path] = hashed.get(wheel.path, False) or not wheel.sha256
     jobs: list[tuple[int, _Job, list[str]]] = []
     for path, members in by_wheel.items():
+        known = sizes.get(path, {})
         try:
-            with zipfile.ZipFile(path) as zf:
-                sized = [(zf.getinfo(m).file_size, m, env) for env, m in members]
+            if all(m in known for _, m in members):
+                sized = [(known[m], m, env) for env, m in members]
+            else:
+                with zipfile.ZipFile(path) as zf:
+                    sized = [(zf.getinfo(m).file_size, m, env) for env, m in members]
         except (OSError, zipfile.BadZipFile, KeyError) as exc:
             raise InputFileError(path.name, f"is not a readable wheel: {exc}") from None
         sized.sort(reverse=True)
@@ -262,6 +272,7 @@ def _read_members(
     work: Path,
     cache: Cache,
     meanwhile: Callable[[], object] | None = None,
+    sizes: Mapping[Path, Mapping[str, int]] | None = None,
 ) -> dict[str, tuple[str | None, str | None]]:
     """Read each ``{path in the image: (wheel, member)}`` straight from its wheel (inflated in
     memory and parsed, in the worker pool, biggest first) into ``cache``: the entries then name
@@ -270,7 +281,7 @@ def _read_members(
     reports such a file on disk. ``meanwhile`` runs in this process while the workers read."""
     from envbuild.snapshot import hashing
 
-    jobs = _jobs(pending)
+    jobs = _jobs(pending, sizes or {})
     if not jobs:
         if meanwhile is not None:
             meanwhile()
