@@ -83,6 +83,11 @@ class Cache:
             raise CacheDamaged(path, "not a whole exports entry")
         return frozenset(lines[1:-2])
 
+    def know(self, digest: str, info: ElfInfo | None) -> None:
+        """Have this run know ``info`` under ``digest`` without writing it (another process
+        has put it in the same folder)."""
+        self._known[digest] = info
+
     def put(self, digest: str, info: ElfInfo | None) -> None:
         self._known[digest] = info
         entry = self._entry(digest)

@@ -193,22 +193,24 @@ MAX_MEMBER_BYTES = 8 << 30
 #: once; the biggest members are jobs of their own).
 JOB_BYTES = 256 << 20
 
-#: (wheel path, its members, whether to hash them (the wheel's sha256 is not known), whether it
-#: runs in a forked worker process).
-_Job = tuple[str, tuple[str, ...], bool, bool]
+#: (wheel path, its members, each one's cache key (None: its sha256, to compute: the wheel's
+#: is not known), the cache's folder to write their facts in (None: none), whether it runs in a
+#: forked worker process).
+_Job = tuple[str, tuple[str, ...], tuple[str | None, ...], str | None, bool]
 _Result = tuple[str, dict[str, Any] | None, list[str], str | None, bytes | None]
 
 
 def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
-    """In a worker: for each member of one wheel, (its sha256 when asked for, else "", ELF
-    facts, exports, error, the bytes when they are not a readable ELF file: they are then
-    written out for the report)."""
+    """In a worker: for each member of one wheel, (its cache key, ELF facts, exports, error,
+    the bytes when they are not a readable ELF file: they are then written out for the
+    report). The facts are put in the cache here, beside the other workers, not after them."""
     from envbuild.linkcheck.elf import BadElf, is_elf, read_elf
     from envbuild.linkcheck.zipread import keep_heap, read_member
 
-    path, members, hashed, forked = job
+    path, members, keys, root, forked = job
     if forked:  # a worker process, which exits when the jobs are done
         keep_heap()
+    cache = Cache(Path(root) if root is not None else None)
     out: list[_Result] = []
     try:
         f = open(path, "rb")  # noqa: SIM115 (closed with the zip below)
@@ -216,21 +218,22 @@ def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
     except (OSError, zipfile.BadZipFile) as exc:
         return [("", None, [], f"wheel: {exc}", None)]
     with f, zf:
-        for member in members:
+        for member, key in zip(members, keys, strict=True):
             try:
                 data = read_member(f, zf, zf.getinfo(member), MAX_MEMBER_BYTES)
             except (OSError, zipfile.BadZipFile, KeyError, EOFError) as exc:
                 return [("", None, [], f"wheel: {exc}", None)]
-            digest = hashlib.sha256(data).hexdigest() if hashed else ""
+            key = key or hashlib.sha256(data).hexdigest()
             try:
                 info = read_elf(io.BytesIO(data)) if is_elf(data[:4]) else None
             except BadElf:
-                out.append((digest, None, [], "bad", data))
+                out.append((key, None, [], "bad", data))
                 continue
+            cache.put(key, info)
             if info is None:
-                out.append((digest, None, [], None, None))
+                out.append((key, None, [], None, None))
             else:
-                out.append((digest, info.as_dict(), sorted(info.exports), None, None))
+                out.append((key, info.as_dict(), sorted(info.exports), None, None))
     return out
 
 
@@ -239,20 +242,19 @@ def _jobs(
 ) -> list[tuple[int, _Job, list[str]]]:
     """The pending members as (bytes, job, the image paths it reads), costliest first;
     ``sizes``: the members' sizes where their wheel has been opened already."""
-    by_wheel: dict[Path, list[tuple[str, str]]] = {}
-    hashed: dict[Path, bool] = {}
+    by_wheel: dict[Path, list[tuple[str, str, str | None]]] = {}
     for env, (wheel, member) in pending.items():
-        by_wheel.setdefault(wheel.path, []).append((env, member))
-        hashed[wheel.path] = hashed.get(wheel.path, False) or not wheel.sha256
+        key = member_key(wheel.sha256, member) if wheel.sha256 else None
+        by_wheel.setdefault(wheel.path, []).append((env, member, key))
     jobs: list[tuple[int, _Job, list[str]]] = []
     for path, members in by_wheel.items():
         known = sizes.get(path, {})
         try:
-            if all(m in known for _, m in members):
-                sized = [(known[m], m, env) for env, m in members]
+            if all(m in known for _, m, _ in members):
+                sized = [(known[m], m, env, key) for env, m, key in members]
             else:
                 with zipfile.ZipFile(path) as zf:
-                    sized = [(zf.getinfo(m).file_size, m, env) for env, m in members]
+                    sized = [(zf.getinfo(m).file_size, m, env, key) for env, m, key in members]
         except (OSError, zipfile.BadZipFile, KeyError) as exc:
             raise InputFileError(path.name, f"is not a readable wheel: {exc}") from None
         sized.sort(reverse=True)
@@ -261,8 +263,8 @@ def _jobs(
             while take < len(sized) and sum(x[0] for x in sized[: take + 1]) <= JOB_BYTES:
                 take += 1
             batch, sized = sized[:take], sized[take:]
-            job = (str(path), tuple(m for _, m, _ in batch), hashed[path], False)
-            jobs.append((sum(x[0] for x in batch), job, [env for _, _, env in batch]))
+            job = (str(path), tuple(x[1] for x in batch), tuple(x[3] for x in batch), None, False)
+            jobs.append((sum(x[0] for x in batch), job, [x[2] for x in batch]))
     jobs.sort(key=lambda j: -j[0])
     return jobs
 
@@ -289,8 +291,9 @@ def _read_members(
     total = sum(size for size, _, _ in jobs)
     workers = hashing.DEFAULT_WORKERS or os.cpu_count() or 1
     processes = workers > 1 and len(jobs) > 1 and hashing.forkable() and total >= 64 << 20
+    root = str(cache.root) if cache.root is not None else None
     results = hashing.run_jobs(
-        [(*job[:3], processes) for _, job, _ in jobs],
+        [(*job[:3], root, processes) for _, job, _ in jobs],
         _read_job,
         workers=workers,
         processes=processes,
@@ -301,16 +304,15 @@ def _read_members(
         if rows and rows[0][3] is not None and rows[0][3].startswith("wheel: "):
             why = rows[0][3].removeprefix("wheel: ")
             raise InputFileError(Path(job[0]).name, f"is not a readable wheel: {why}")
-        for env, (digest, data, exports, error, raw) in zip(envs, rows, strict=True):
+        for env, (key, data, exports, error, raw) in zip(envs, rows, strict=True):
             if error is not None and raw is not None:
                 here = work / env.lstrip("/")
                 here.parent.mkdir(parents=True, exist_ok=True)
                 here.write_bytes(raw)
                 entries[env] = (str(here), None)
                 continue
-            wheel, member = pending[env]
-            key = member_key(wheel.sha256, member) if wheel.sha256 else digest
-            cache.put(key, ElfInfo.from_dict(data, frozenset(exports)) if data else None)
+            # the worker has put it in the cache on disk; this run knows it from here
+            cache.know(key, ElfInfo.from_dict(data, frozenset(exports)) if data else None)
             entries[env] = (None, key)
     return entries
 
