@@ -5,7 +5,8 @@ cache, alternating, on one store: the stage's time and the whole process's CPU s
 
 ``DIR`` is another checkout (``git worktree add --detach DIR REV``); this checkout is *after*.
 Each side has its own link-check cache under ``$TMPDIR``, emptied before its cold run. Every
-run is ``bench/stages.py SPEC --redo links`` of that side. Prints a JSON line per run.
+run is ``bench/stages.py SPEC --redo links`` of that side. Prints a JSON line per run (with the
+store's link-check report digests after it: the same findings are the same blob).
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def run(tree: Path, cache: Path, args: argparse.Namespace) -> dict[str, object]:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree, check=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     data = json.loads(done.stdout)
+    drv = [json.loads(p.read_text()) for p in sorted((args.store / "drv").glob("*.json"))]
+    reports = sorted(d["outputs"]["report"] for d in drv if d.get("kind") == "links")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return {
         "links_s": data["timings_s"].get("links"),
         "process_cpu_s": round(cpu, 2),
         "image": data["image"],
+        "report": reports,
         "load": [round(x, 2) for x in data["loadavg_before"]],
     }
 

@@ -59,7 +59,9 @@ def member_path(member: str, target: VenvTarget) -> str | None:
 
 
 def _install_path(member: str, target: VenvTarget) -> str | None:
-    parts = PurePosixPath(member).parts
+    split = member.split("/")
+    plain = "" not in split and "." not in split  # nothing for pathlib to normalise
+    parts = tuple(split) if plain else PurePosixPath(member).parts
     if not parts:
         return None
     if parts[0].endswith(".data") and len(parts) > 2:
@@ -73,7 +75,7 @@ def _install_path(member: str, target: VenvTarget) -> str | None:
         if scheme == "data":
             return str(rest)
         return None
-    return f"{target.site_packages}/{PurePosixPath(*parts)}"
+    return f"{target.site_packages}/{member if plain else PurePosixPath(*parts)}"
 
 
 def _console_scripts(entry_points: str) -> list[str]:

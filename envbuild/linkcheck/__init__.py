@@ -271,8 +271,9 @@ def check_entries(
     tree_key: str | None = None,
 ) -> Report:
     """The link check of an environment given as ``{path in it: (path here or None, sha256 or
-    None)}`` for the files that may be ELF; ``names`` the other paths in it; ``owners`` the
-    distribution and version of each path."""
+    None)}`` for the files that may be ELF (the "sha256" is a cache key: a wheel member's is
+    :func:`~envbuild.linkcheck.wheels.member_key`); ``names`` the other paths in it; ``owners``
+    the distribution and version of each path."""
     if torch is None:
         torch = next((v for d, v in owners.values() if d == "torch"), None)
     cache = cache if cache is not None else Cache(default_cache())

@@ -3,7 +3,10 @@
 :func:`read_all` takes ``{path: digest or None}`` and returns ``{path: ElfInfo}`` for the ELF
 files among them (plus the files it could not read, with the reason). A file's facts depend on
 its bytes only, so they are kept under ``$XDG_CACHE_HOME/envbuild/linkcheck/`` by digest: a
-wheel's files are read once per machine. A digest the caller does not know (a live venv) is
+wheel's files are read once per machine. (A wheel's members are kept under a key of the
+wheel's sha256 and the member's name instead, :func:`envbuild.linkcheck.wheels.member_key`:
+the "digest" of such an entry names the bytes, it is not their hash.) A digest the caller does
+not know (a live venv) is
 computed, and remembered with the file's size, mtime and inode, so an unchanged file is not
 hashed again either. A cache entry that cannot be read (a crash while writing, a disk error, a
 hand edit) is a miss: the file is read again and the entry rewritten.
@@ -40,9 +43,10 @@ def default_cache() -> Path:
 
 @dataclass
 class Cache:
-    """Entries ``v<format>/<digest[:2]>/<digest>.json`` under ``root``; None: nothing kept on
-    disk. Facts put in this run are known for the rest of it either way (a wheel's members are
-    read before the check looks them up by digest)."""
+    """Entries ``v<format>/<digest[:2]>/<digest>.json`` under ``root`` (a digest: a file's
+    sha256 or a wheel member's key); None: nothing kept on disk. Facts put in this run are
+    known for the rest of it either way (a wheel's members are read before the check looks
+    them up by digest)."""
 
     root: Path | None
     _known: dict[str, ElfInfo | None] = field(default_factory=dict, repr=False, compare=False)
@@ -82,6 +86,11 @@ class Cache:
         if len(lines) < 3 or lines[0] != digest or lines[-2] != "end" or lines[-1]:
             raise CacheDamaged(path, "not a whole exports entry")
         return frozenset(lines[1:-2])
+
+    def know(self, digest: str, info: ElfInfo | None) -> None:
+        """Have this run know ``info`` under ``digest`` without writing it (another process
+        has put it in the same folder)."""
+        self._known[digest] = info
 
     def put(self, digest: str, info: ElfInfo | None) -> None:
         self._known[digest] = info

@@ -3,10 +3,15 @@
 A build never has the whole environment on disk at once (each layer is installed into its own
 staging root and packed), but every path a wheel installs is known from the wheel
 (:func:`envbuild.build.wheelpaths.member_path`), and every path of the base from its layers' tar
-listings. So the check reads the wheels' ELF members — inflated in memory, hashed and parsed in
-the worker pool, only when the cache does not know them by their RECORD sha256; nothing is
-written to disk but a member that is not a readable ELF file — and the names in the base's
-library folders.
+listings. So the check reads the wheels' ELF members — inflated in memory
+(:mod:`.zipread`) and parsed in the worker pool, only when the cache does not know them; nothing
+is written to disk but a member that is not a readable ELF file — and the names in the base's
+library folders, listed meanwhile.
+
+A member's facts are cached under a key of its wheel's sha256 and its name when the wheel's
+sha256 is known (the lock's, checked when the wheel was fetched: it fixes every member's bytes,
+so the ~8 GB of kimi-nvfp4's ELF members are not hashed again); a wheel without one has each
+member hashed, and its facts cached by that sha256 (looked up first by its RECORD's).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import posixpath
 import stat
 import tarfile
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,9 @@ MAX_MEMBERS = 2_000_000
 
 #: Bumped whenever what a cached wheel map or base listing holds, or how it is made, changes.
 MAP_FORMAT = 1
+
+#: Bumped whenever how a member's bytes are taken out of its wheel changes (its facts' key).
+MEMBER_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -83,12 +91,18 @@ def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps([MAP_FORMAT, *parts], sort_keys=True).encode()).hexdigest()
 
 
+def member_key(wheel_sha256: str, member: str) -> str:
+    """The cache key of a member of the wheel whose sha256 is ``wheel_sha256``: a digest of
+    those two names (and of how a member is read), never of the member's bytes."""
+    return _key("member", MEMBER_FORMAT, wheel_sha256, member)
+
+
 def _members(
-    zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str]
+    zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str], records: bool = True
 ) -> list[tuple[str, str, str | None, bool]]:
-    """A wheel's installed members in its order: (path in the image, member, RECORD sha256,
-    may be ELF)."""
-    hashes = _records(zf)
+    """A wheel's installed members in its order: (path in the image, member, RECORD sha256
+    (None without ``records``), may be ELF)."""
+    hashes = _records(zf) if records else {}
     out: list[tuple[str, str, str | None, bool]] = []
     venv = target.venv.rstrip("/")
     for info in zf.infolist():
@@ -129,16 +143,19 @@ def wheel_entries(
     work: Path,
     cache: Cache,
     leaves: Mapping[str, frozenset[str]] | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> tuple[dict[str, tuple[str | None, str | None]], set[str], dict[str, tuple[str, str]]]:
     """The entries for :func:`~envbuild.linkcheck.check_entries`: each wheel's members that may
-    be ELF, by their path in the image; the others' paths; and the owners. ``leaves`` are the
-    paths (relative to the venv) a distribution's layer leaves out (it lost an overlap). A
-    wheel whose sha256 is known has its member map kept in ``cache`` under that sha256, the
-    target and its leaves: a later check opens only the wheels with ELF members to read."""
+    be ELF, by their path in the image (each with its cache key); the others' paths; and the
+    owners. ``leaves`` are the paths (relative to the venv) a distribution's layer leaves out
+    (it lost an overlap). A wheel whose sha256 is known has its member map kept in ``cache``
+    under that sha256, the target and its leaves: a later check opens only the wheels with ELF
+    members to read. ``meanwhile`` runs in this process while the members are read."""
     entries: dict[str, tuple[str | None, str | None]] = {}
     names: set[str] = set()
     owners: dict[str, tuple[str, str]] = {}
     pending: dict[str, tuple[Wheel, str]] = {}  # what to take out: the last wheel's member
+    sizes: dict[Path, dict[str, int]] = {}  # of the ELF members of the wheels opened here
     for wheel in wheels:
         leave = (leaves or {}).get(wheel.dist, frozenset())
         key = _key(wheel.sha256, target.key(), sorted(leave)) if wheel.sha256 else None
@@ -146,7 +163,9 @@ def wheel_entries(
         if members is None:
             try:
                 with zipfile.ZipFile(wheel.path) as zf:
-                    members = _members(zf, target, leave)
+                    # a wheel's sha256 names its members' facts: its RECORD is not asked
+                    members = _members(zf, target, leave, records=not wheel.sha256)
+                    sizes[wheel.path] = {m: zf.getinfo(m).file_size for _, m, _, e in members if e}
             except (OSError, zipfile.BadZipFile, KeyError) as exc:
                 raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None
             if key:
@@ -156,12 +175,14 @@ def wheel_entries(
             if not elf:
                 names.add(env)
                 continue
+            if wheel.sha256:  # its bytes are fixed by the wheel's: no RECORD claim is needed
+                digest = member_key(wheel.sha256, member)
             if digest is not None and cache.get(digest)[0]:
                 entries[env] = (None, digest)
                 pending.pop(env, None)
                 continue
             pending[env] = (wheel, member)
-    entries.update(_read_members(pending, work, cache))
+    entries.update(_read_members(pending, work, cache, meanwhile, sizes))
     return entries, names, owners
 
 
@@ -172,52 +193,68 @@ MAX_MEMBER_BYTES = 8 << 30
 #: once; the biggest members are jobs of their own).
 JOB_BYTES = 256 << 20
 
-_Job = tuple[str, tuple[str, ...]]
+#: (wheel path, its members, each one's cache key (None: its sha256, to compute: the wheel's
+#: is not known), the cache's folder to write their facts in (None: none), whether it runs in a
+#: forked worker process).
+_Job = tuple[str, tuple[str, ...], tuple[str | None, ...], str | None, bool]
 _Result = tuple[str, dict[str, Any] | None, list[str], str | None, bytes | None]
 
 
 def _read_job(job: _Job, _buffer: bytearray | None) -> list[_Result]:
-    """In a worker: for each member of one wheel, (sha256, ELF facts, exports, error, the bytes
-    when they are not a readable ELF file: they are then written out for the report)."""
+    """In a worker: for each member of one wheel, (its cache key, ELF facts, exports, error,
+    the bytes when they are not a readable ELF file: they are then written out for the
+    report). The facts are put in the cache here, beside the other workers, not after them."""
     from envbuild.linkcheck.elf import BadElf, is_elf, read_elf
+    from envbuild.linkcheck.zipread import keep_heap, read_member
 
-    path, members = job
+    path, members, keys, root, forked = job
+    if forked:  # a worker process, which exits when the jobs are done
+        keep_heap()
+    cache = Cache(Path(root) if root is not None else None)
     out: list[_Result] = []
     try:
-        zf = zipfile.ZipFile(path)
+        f = open(path, "rb")  # noqa: SIM115 (closed with the zip below)
+        zf = zipfile.ZipFile(f)
     except (OSError, zipfile.BadZipFile) as exc:
         return [("", None, [], f"wheel: {exc}", None)]
-    with zf:
-        for member in members:
+    with f, zf:
+        for member, key in zip(members, keys, strict=True):
             try:
-                if zf.getinfo(member).file_size > MAX_MEMBER_BYTES:
-                    raise zipfile.BadZipFile(f"{member} is over {MAX_MEMBER_BYTES >> 30} GiB")
-                data = zf.read(member)  # its CRC is checked at its end
+                data = read_member(f, zf, zf.getinfo(member), MAX_MEMBER_BYTES)
             except (OSError, zipfile.BadZipFile, KeyError, EOFError) as exc:
                 return [("", None, [], f"wheel: {exc}", None)]
-            digest = hashlib.sha256(data).hexdigest()
+            key = key or hashlib.sha256(data).hexdigest()
             try:
                 info = read_elf(io.BytesIO(data)) if is_elf(data[:4]) else None
             except BadElf:
-                out.append((digest, None, [], "bad", data))
+                out.append((key, None, [], "bad", data))
                 continue
+            cache.put(key, info)
             if info is None:
-                out.append((digest, None, [], None, None))
+                out.append((key, None, [], None, None))
             else:
-                out.append((digest, info.as_dict(), sorted(info.exports), None, None))
+                out.append((key, info.as_dict(), sorted(info.exports), None, None))
     return out
 
 
-def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, list[str]]]:
-    """The pending members as (bytes, job, the image paths it reads), costliest first."""
-    by_wheel: dict[Path, list[tuple[str, str]]] = {}
+def _jobs(
+    pending: Mapping[str, tuple[Wheel, str]], sizes: Mapping[Path, Mapping[str, int]]
+) -> list[tuple[int, _Job, list[str]]]:
+    """The pending members as (bytes, job, the image paths it reads), costliest first;
+    ``sizes``: the members' sizes where their wheel has been opened already."""
+    by_wheel: dict[Path, list[tuple[str, str, str | None]]] = {}
     for env, (wheel, member) in pending.items():
-        by_wheel.setdefault(wheel.path, []).append((env, member))
+        key = member_key(wheel.sha256, member) if wheel.sha256 else None
+        by_wheel.setdefault(wheel.path, []).append((env, member, key))
     jobs: list[tuple[int, _Job, list[str]]] = []
     for path, members in by_wheel.items():
+        known = sizes.get(path, {})
         try:
-            with zipfile.ZipFile(path) as zf:
-                sized = [(zf.getinfo(m).file_size, m, env) for env, m in members]
+            if all(m in known for _, m, _ in members):
+                sized = [(known[m], m, env, key) for env, m, key in members]
+            else:
+                with zipfile.ZipFile(path) as zf:
+                    sized = [(zf.getinfo(m).file_size, m, env, key) for env, m, key in members]
         except (OSError, zipfile.BadZipFile, KeyError) as exc:
             raise InputFileError(path.name, f"is not a readable wheel: {exc}") from None
         sized.sort(reverse=True)
@@ -226,44 +263,57 @@ def _jobs(pending: Mapping[str, tuple[Wheel, str]]) -> list[tuple[int, _Job, lis
             while take < len(sized) and sum(x[0] for x in sized[: take + 1]) <= JOB_BYTES:
                 take += 1
             batch, sized = sized[:take], sized[take:]
-            job = (str(path), tuple(m for _, m, _ in batch))
-            jobs.append((sum(x[0] for x in batch), job, [env for _, _, env in batch]))
+            job = (str(path), tuple(x[1] for x in batch), tuple(x[3] for x in batch), None, False)
+            jobs.append((sum(x[0] for x in batch), job, [x[2] for x in batch]))
     jobs.sort(key=lambda j: -j[0])
     return jobs
 
 
 def _read_members(
-    pending: Mapping[str, tuple[Wheel, str]], work: Path, cache: Cache
+    pending: Mapping[str, tuple[Wheel, str]],
+    work: Path,
+    cache: Cache,
+    meanwhile: Callable[[], object] | None = None,
+    sizes: Mapping[Path, Mapping[str, int]] | None = None,
 ) -> dict[str, tuple[str | None, str | None]]:
     """Read each ``{path in the image: (wheel, member)}`` straight from its wheel (inflated in
-    memory, hashed and parsed, in the worker pool, biggest first) into ``cache``: the entries
-    then name it by digest. A member that is not a readable ELF file is written under ``work``
-    for the check to report as it reports such a file on disk."""
+    memory and parsed, in the worker pool, biggest first) into ``cache``: the entries then name
+    it by its key (:func:`member_key`, or its sha256 when the wheel's is not known). A member
+    that is not a readable ELF file is written under ``work`` for the check to report as it
+    reports such a file on disk. ``meanwhile`` runs in this process while the workers read."""
     from envbuild.snapshot import hashing
 
-    jobs = _jobs(pending)
+    jobs = _jobs(pending, sizes or {})
     if not jobs:
+        if meanwhile is not None:
+            meanwhile()
         return {}
     total = sum(size for size, _, _ in jobs)
     workers = hashing.DEFAULT_WORKERS or os.cpu_count() or 1
     processes = workers > 1 and len(jobs) > 1 and hashing.forkable() and total >= 64 << 20
+    root = str(cache.root) if cache.root is not None else None
     results = hashing.run_jobs(
-        [job for _, job, _ in jobs], _read_job, workers=workers, processes=processes
+        [(*job[:3], root, processes) for _, job, _ in jobs],
+        _read_job,
+        workers=workers,
+        processes=processes,
+        meanwhile=meanwhile,
     )
     entries: dict[str, tuple[str | None, str | None]] = {}
     for (_, job, envs), rows in zip(jobs, results, strict=True):
         if rows and rows[0][3] is not None and rows[0][3].startswith("wheel: "):
             why = rows[0][3].removeprefix("wheel: ")
             raise InputFileError(Path(job[0]).name, f"is not a readable wheel: {why}")
-        for env, (digest, data, exports, error, raw) in zip(envs, rows, strict=True):
+        for env, (key, data, exports, error, raw) in zip(envs, rows, strict=True):
             if error is not None and raw is not None:
                 here = work / env.lstrip("/")
                 here.parent.mkdir(parents=True, exist_ok=True)
                 here.write_bytes(raw)
                 entries[env] = (str(here), None)
                 continue
-            cache.put(digest, ElfInfo.from_dict(data, frozenset(exports)) if data else None)
-            entries[env] = (None, digest)
+            # the worker has put it in the cache on disk; this run knows it from here
+            cache.know(key, ElfInfo.from_dict(data, frozenset(exports)) if data else None)
+            entries[env] = (None, key)
     return entries
 
 
@@ -360,13 +410,19 @@ def check_image(
     base_digests: Sequence[str] | None = None,
 ) -> Report:
     """The link check of the image the build makes (nothing accepted: the spec's rules apply
-    to the report). ``base_digests``: the base layers' digests, to cache their listing by."""
-    entries, names, owners = wheel_entries(wheels, target, work, cache, leaves)
+    to the report). ``base_digests``: the base layers' digests, to cache their listing by. The
+    base is listed while the workers read the wheels' members."""
+    system: list[tuple[list[str], frozenset[str]]] = []
+
+    def list_base() -> None:
+        system.append(base_system(base_layers, cache=cache, digests=base_digests))
+
+    entries, names, owners = wheel_entries(wheels, target, work, cache, leaves, meanwhile=list_base)
     return check_entries(
         entries,
         names=frozenset(names),
         owners=owners,
-        system=base_system(base_layers, cache=cache, digests=base_digests),
+        system=system[0],
         torch=torch,
         cache=cache,
     )

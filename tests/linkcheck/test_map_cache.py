@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from envbuild.build.install import VenvTarget
 from envbuild.linkcheck.reader import Cache
-from envbuild.linkcheck.wheels import Wheel, base_system, wheel_entries
+from envbuild.linkcheck.wheels import Wheel, base_system, member_key, wheel_entries
 from tests.linkcheck.test_image_inputs import layer
 
 
@@ -25,8 +25,10 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(path: Path, files: dict[str, bytes]) -> tuple[Path, str]:
-    with zipfile.ZipFile(path, "w") as zf:
+def make_wheel(
+    path: Path, files: dict[str, bytes], compression: int = zipfile.ZIP_STORED
+) -> tuple[Path, str]:
+    with zipfile.ZipFile(path, "w", compression) as zf:
         rows = []
         for name, data in files.items():
             zf.writestr(name, data)
@@ -70,15 +72,16 @@ def test_a_wheel_map_hit_gives_what_the_wheel_gives(tmp_path: Path) -> None:
     assert entries_of(wheel, sha, cache, tmp_path / "w1") == plain
     assert len(docs(tmp_path / "cache", "wheels")) == 1
     assert entries_of(wheel, sha, cache, tmp_path / "w2") == plain  # from the map
-    # with its ELF members' facts cached too, a mapped wheel is not even opened
-    for data in (FILES["pkg/_a.so"], FILES["pkg/libc.so.1"]):
-        cache.put(hashlib.sha256(data).hexdigest(), None)
+    # with its ELF members' facts cached too (by the wheel's sha256 and their names), a mapped
+    # wheel is not even opened
+    for member in ("pkg/_a.so", "pkg/libc.so.1"):
+        cache.put(member_key(sha, member), None)
     wheel.unlink()
     entries, names, owners = entries_of(wheel, sha, cache, tmp_path / "w3")  # type: ignore[misc]
     assert entries == {
-        k: (False, hashlib.sha256(FILES[k.split("site-packages/")[1]]).hexdigest())
-        for k in plain[0]
-    }  # type: ignore[index]
+        k: (False, member_key(sha, k.split("site-packages/")[1]))
+        for k in plain[0]  # type: ignore[index]
+    }
     assert (names, owners) == plain[1:]  # type: ignore[index]
 
 
@@ -176,27 +179,50 @@ def test_members_taken_out_in_parallel_are_the_last_wheels(tmp_path: Path) -> No
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-def test_elf_members_are_read_from_the_wheel_not_written_out(tmp_path: Path) -> None:
-    """A wheel's ELF members are inflated, hashed and read in memory: nothing lands under
-    ``work``, the entry names the member's own sha256, and its facts are known to the check
-    (also without a cache on disk)."""
+@pytest.mark.parametrize("known", [True, False], ids=["wheel-sha256", "no-wheel-sha256"])
+def test_elf_members_are_read_from_the_wheel_not_written_out(tmp_path: Path, known: bool) -> None:
+    """A wheel's ELF members are inflated and read in memory: nothing lands under ``work``, and
+    their facts are known to the check (also without a cache on disk). The entry names the
+    member by its wheel's sha256 and its name when the wheel's sha256 is known (nothing hashed),
+    else by the member's own sha256, computed."""
     from tests.linkcheck.test_rules import cc
 
     so = cc(tmp_path / "_ext.so", "int ext(void) { return 1; }\n", "-Wl,--no-as-needed", "-lm")
     data = so.read_bytes()
-    wheel, sha = make_wheel(tmp_path / "pkg.whl", {"pkg/_ext.so": data, "pkg/x.py": b"x = 1\n"})
+    wheel, sha = make_wheel(
+        tmp_path / "pkg.whl", {"pkg/_ext.so": data, "pkg/x.py": b"x = 1\n"}, zipfile.ZIP_DEFLATED
+    )
     for cache in (Cache(None), Cache(tmp_path / "cache")):
         work = tmp_path / f"work-{cache.root is None}"
         entries, names, _ = wheel_entries(
-            [Wheel("pkg", "1.0", wheel, sha)], VenvTarget(), work, cache
+            [Wheel("pkg", "1.0", wheel, sha if known else None)], VenvTarget(), work, cache
         )
         ((env, (path, digest)),) = entries.items()
         assert env.endswith("/site-packages/pkg/_ext.so")
-        assert path is None and digest == hashlib.sha256(data).hexdigest()
+        want = member_key(sha, "pkg/_ext.so") if known else hashlib.sha256(data).hexdigest()
+        assert path is None and digest == want
         assert not work.exists() or not any(work.rglob("*"))
         hit, info = cache.get(digest)
         assert hit and info is not None and "libm.so.6" in info.needed
         assert any(n.endswith("/pkg/x.py") for n in names)
+
+
+def test_a_member_key_names_its_wheel_and_member(tmp_path: Path) -> None:
+    """Another wheel or another member is another key; a RECORD that lies about a member's
+    sha256 is not asked when the wheel's sha256 is known."""
+    assert member_key("a" * 64, "pkg/_a.so") != member_key("b" * 64, "pkg/_a.so")
+    assert member_key("a" * 64, "pkg/_a.so") != member_key("a" * 64, "pkg/_b.so")
+    cache = Cache(tmp_path / "cache")
+    other = b"\x7fELF another file"
+    cache.put(hashlib.sha256(other).hexdigest(), None)  # facts of another file
+    wheel = tmp_path / "pkg.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("pkg/_a.so", b"\x7fELF bad")
+        zf.writestr("pkg-1.0.dist-info/RECORD", f"pkg/_a.so,{record_hash(other)},17\n")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    entries, _, _ = wheel_entries([Wheel("pkg", "1.0", wheel, sha)], VenvTarget(), tmp_path, cache)
+    ((path, digest),) = entries.values()
+    assert digest is None and path is not None  # read: not a readable ELF file, reported
 
 
 def test_a_damaged_member_is_a_wheel_error(tmp_path: Path) -> None:
