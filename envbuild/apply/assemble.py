@@ -6,8 +6,9 @@ this interpreter (the package's wheels, the interpreter's version and sha256, th
 the installer) and the key of the tree that install made (:mod:`envbuild.store.trees`). A
 package whose choice and tree are known, and whose tree's files still have the stat the
 manifest recorded, is hard-linked in (a reflink or a copy across file systems). The others are
-installed by uv into a staging venv in the store (one ``uv pip sync`` of just them), moved
-into new trees, and linked in the same way.
+installed by uv into a staging venv in the store (one ``uv pip sync`` of just them; the losers
+of the spec's ``[image.overlaps]`` in a second one beside it, so that no file of theirs is
+overwritten), moved into new trees, and linked in the same way.
 
 Last, uv itself checks the assembled venv against the whole install lock (``uv pip sync
 --strict --dry-run``): it must say it would change nothing. So the venv is what a plain
@@ -17,10 +18,12 @@ Last, uv itself checks the assembled venv against the whole install lock (``uv p
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -42,9 +45,6 @@ from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key
 log = logging.getLogger(__name__)
 
 CHOICE = "install-choice"
-#: The install lock of what a staging venv gets, written beside the install lock (its wheels/
-#: paths are relative to that folder) and removed after.
-STAGE_LOCK = "pylock.stage.toml"
 #: What uv pip sync leaves in the venv it installs into (its lock file): the venv's own.
 UV_LOCK = ".lock"
 
@@ -128,7 +128,12 @@ class Assembler:
             out.choices.append(key)
         if todo:
             log.info("installing %d of %d distributions into the store", len(todo), len(packages))
-            for manifest, key in self._stage(data, [p for p, _k in todo], install_lock):
+            # the losers of the spec's overlap rules get a staging venv of their own, or the
+            # winner's file would overwrite theirs (or theirs the winner's) in a shared one
+            losers = {canonicalize_name(k) for k in (overlaps or {})}
+            first = [p for p, _k in todo if canonicalize_name(str(p["name"])) not in losers]
+            second = [p for p, _k in todo if canonicalize_name(str(p["name"])) in losers]
+            for manifest, key in self._stage(data, [first, second], install_lock):
                 known[manifest.dist] = manifest
                 out.choices.append(key)
                 out.made.append(manifest.dist)
@@ -171,61 +176,90 @@ class Assembler:
     def _stage(
         self,
         data: Mapping[str, Any],
-        packages: Sequence[Mapping[str, Any]],
+        groups: Sequence[Sequence[Mapping[str, Any]]],
         install_lock: Path,
     ) -> list[tuple[TreeManifest, str]]:
-        """Install ``packages`` with uv into a staging venv and move each into its tree."""
+        """Install each group of packages with uv into a staging venv of its own (the groups
+        at once), and move each distribution into its tree. A distribution whose file another
+        one of its group overwrote is installed again on its own."""
+        groups = [list(g) for g in groups if g]
         by_name: dict[str, Mapping[str, Any]] = {
-            canonicalize_name(str(p["name"])): p for p in packages
+            canonicalize_name(str(p["name"])): p for g in groups for p in g
         }
         made: list[tuple[TreeManifest, str]] = []
-        with self.store.temp_dir("stage-") as work:
-            venv = work / "venv"
-            venvs.create_venv(venv, self.python)
-            interp = interpreter_id(venv)
-            skeleton = _files(venv)
-            partial = install_lock.parent / STAGE_LOCK
-            doc = {k: v for k, v in data.items() if k != "packages"}
-            doc["packages"] = list(packages)
-            partial.write_text(tomli_w.dumps(doc))
+        alone: list[str] = []
+        with contextlib.ExitStack() as stack:
+            venvs_ = [stack.enter_context(self.store.temp_dir("stage-")) / "venv" for _ in groups]
+            for venv in venvs_:
+                venvs.create_venv(venv, self.python)
+            interp = interpreter_id(venvs_[0])
+            skeleton = _files(venvs_[0])
+            locks = []
+            for n, group in enumerate(groups):
+                partial = install_lock.parent / f"pylock.stage{n}.toml"
+                doc = {k: v for k, v in data.items() if k != "packages"}
+                doc["packages"] = group
+                partial.write_text(tomli_w.dumps(doc))
+                locks.append(partial)
             try:
-                venvs.sync(venv, partial, strict=False)
+                with ThreadPoolExecutor(len(groups)) as pool:  # uv downloads and copies
+                    for done in [
+                        pool.submit(venvs.sync, v, lock, strict=False)
+                        for v, lock in zip(venvs_, locks, strict=True)
+                    ]:
+                        done.result()
             finally:
-                partial.unlink(missing_ok=True)
-            staged = _staged(venv)
-            claims: dict[str, list[str]] = {}
-            for dist, (_version, files, _tags) in staged.items():
-                for rel in files:
-                    claims.setdefault(rel, []).append(dist)
-            alone: list[str] = []
-            for rel, owners in claims.items():
-                if len(owners) < 2:
-                    continue
-                digest = _b64(sha256_file(venv / rel))
-                for owner in owners:
-                    want = staged[owner][1][rel]
-                    if want is not None and want != digest and owner not in alone:
-                        alone.append(owner)  # its own bytes were overwritten: install it alone
-            left = set(_files(venv)) - skeleton - set(claims) - {UV_LOCK}
-            if left:
-                raise EnvironmentFailure(
-                    f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
-                )
-            shared = {rel for rel, owners in claims.items() if len(owners) > 1}
-            hashed = _hash_all(venv, claims)
-            for dist in sorted(staged):
-                if dist in alone:
-                    continue
-                version, files, tags = staged[dist]
-                pkg = by_name.get(dist)
-                if pkg is None:
-                    raise EnvironmentFailure(f"uv installed {dist}, which the lock does not name")
-                made.append(
-                    self._tree(pkg, dist, version, files, tags, venv, shared, interp, hashed)
-                )
-        for dist in alone:
-            log.info("%s shares files with another distribution: installed on its own", dist)
-            made += self._stage(data, [by_name[dist]], install_lock)
+                for partial in locks:
+                    partial.unlink(missing_ok=True)
+            for venv in venvs_:
+                made += self._trees_of(venv, by_name, skeleton, interp, alone)
+        if alone:
+            for dist in alone:
+                log.info("%s shares files with another distribution: installed on its own", dist)
+            made += self._stage(data, [[by_name[d]] for d in alone], install_lock)
+        return made
+
+    def _trees_of(
+        self,
+        venv: Path,
+        by_name: Mapping[str, Mapping[str, Any]],
+        skeleton: set[str],
+        interp: Mapping[str, str],
+        alone: list[str],
+    ) -> list[tuple[TreeManifest, str]]:
+        """Move what uv installed into ``venv`` into trees; add to ``alone`` each distribution
+        whose bytes another one overwrote."""
+        staged = _staged(venv)
+        claims: dict[str, list[str]] = {}
+        for dist, (_version, files, _tags) in staged.items():
+            for rel in files:
+                claims.setdefault(rel, []).append(dist)
+        lost: list[str] = []
+        for rel, owners in claims.items():
+            if len(owners) < 2:
+                continue
+            digest = _b64(sha256_file(venv / rel))
+            for owner in owners:
+                want = staged[owner][1][rel]
+                if want is not None and want != digest and owner not in lost:
+                    lost.append(owner)  # its own bytes were overwritten: install it alone
+        left = set(_files(venv)) - skeleton - set(claims) - {UV_LOCK}
+        if left:
+            raise EnvironmentFailure(
+                f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
+            )
+        shared = {rel for rel, owners in claims.items() if len(owners) > 1}
+        hashed = _hash_all(venv, claims)
+        made = []
+        for dist in sorted(staged):
+            if dist in lost:
+                continue
+            version, files, tags = staged[dist]
+            pkg = by_name.get(dist)
+            if pkg is None:
+                raise EnvironmentFailure(f"uv installed {dist}, which the lock does not name")
+            made.append(self._tree(pkg, dist, version, files, tags, venv, shared, interp, hashed))
+        alone += lost
         return made
 
     def reinstall(
@@ -234,7 +268,7 @@ class Assembler:
         """Install ``packages`` of ``install_lock`` (a file in a writable folder, beside the
         ``wheels/`` its path entries name) into new trees: what a repair does."""
         data = tomllib.loads(install_lock.read_text())
-        return [m for m, _key in self._stage(data, packages, install_lock)]
+        return [m for m, _key in self._stage(data, [packages], install_lock)]
 
     def _tree(
         self,
