@@ -174,7 +174,34 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
     remove_tree(work / "store")
 
 
+def first_pair(spec: str, before: Path, work: Path, rounds: int) -> None:
+    """A first generation of ``spec`` by ``before``'s realise and by this checkout's,
+    alternating, each in a process of its own with an empty uv cache, store and root."""
+    print("| round | checkout | wall (s) | new disk (MB), uv cache included |")
+    print("|---|---|---:|---:|")
+    n = 0
+    for r in range(1, rounds + 1):
+        for tree in (before, REPO):
+            n += 1
+            os.environ["ENVBUILD_STORE"] = str(work / f"store-{n}")
+            _none, t, d = timed(
+                lambda t=tree, k=n: before_install(t, spec, work / f"r{k}"), work, n
+            )
+            rev = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                                 check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+            print(f"| {r} | {rev} | {t:.1f} | {d:.0f} |", flush=True)
+            remove_tree(work / f"r{n}")
+            remove_tree(work / f"store-{n}")
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--first-pair"]:
+        # --first-pair --before DIR [SPEC]: is a first generation slower than before?
+        before = Path(argv[argv.index("--before") + 1]).resolve()
+        rest = [a for a in argv[1:] if a not in ("--before", str(argv[argv.index("--before") + 1]))]
+        with tempfile.TemporaryDirectory(prefix="envbuild-bench-first-") as tmp:
+            first_pair(rest[0] if rest else "specs/minimax-m25-fp8.toml", before, Path(tmp), 2)
+        return
     if argv[:1] == ["--shared"]:
         rest = argv[1:]
         before = None

@@ -65,6 +65,8 @@ class Assembled:
     #: venv-relative path -> the distribution whose file it is, where two install it with
     #: other bytes (settled by the spec's ``[image.overlaps]``)
     winners: dict[str, str] = field(default_factory=dict)
+    #: the venv's own files: what ``uv venv`` made, and uv's lock file
+    own: list[str] = field(default_factory=list)
 
 
 def uv_version() -> str:
@@ -112,6 +114,7 @@ class Assembler:
         store session (``gc`` must not take a tree before the generation's root names it)."""
         venvs.create_venv(venv, self.python)
         interp = interpreter_id(venv)
+        own = listing(venv)
         data = tomllib.loads(install_lock.read_text())
         packages = data.get("packages") or []
         out = Assembled()
@@ -152,6 +155,7 @@ class Assembler:
                 "uv does not agree that the assembled venv is the lock: " + said.strip()[-400:],
                 hint="report this: a shared generation must be what uv installs",
             )
+        out.own = sorted([*own, *([UV_LOCK] if os.path.lexists(venv / UV_LOCK) else [])])
         return out
 
     def _usable(self, key: object) -> TreeManifest | None:
@@ -409,6 +413,16 @@ def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
 
 def _b64(hex_digest: str) -> str:
     return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).rstrip(b"=").decode()
+
+
+def listing(venv: Path) -> list[str]:
+    """Every file and symlink under ``venv``, venv-relative (a folder's listing, no stat)."""
+    out = []
+    skip = len(str(venv)) + 1
+    for top, dirs, names in os.walk(venv):
+        out += [os.path.join(top, name)[skip:] for name in names]
+        out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
+    return out
 
 
 def _files(venv: Path) -> set[str]:

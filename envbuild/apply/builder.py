@@ -201,7 +201,7 @@ def build(
             trees=assembled.trees,
             overlaps=assembled.winners,
             link_mode=assembled.link_mode,
-            venv_files=shared.own_files(tmp, assembled.trees, assembled.winners),
+            venv_files=shared.own_files(tmp / "venv", assembled.own),
         )
         write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
         shared.freeze(tmp, meta.venv_files)

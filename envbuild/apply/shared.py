@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.apply import generations as gens
 from envbuild.apply import venv as venvs
-from envbuild.apply.assemble import Assembler, shown
+from envbuild.apply.assemble import Assembler, listing, shown
 from envbuild.apply.generations import Generation
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import sha256_file
@@ -43,20 +43,10 @@ def root_name(final: Path) -> str:
     return f"gen-{where}-{final.name}"
 
 
-def _paths(venv: Path) -> list[str]:
-    """Every file and symlink under ``venv``, venv-relative (no stat: a folder's listing)."""
-    out = []
-    skip = len(str(venv)) + 1
-    for top, dirs, names in os.walk(venv):
-        out += [os.path.join(top, name)[skip:] for name in names]
-        out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
-    return out
-
-
 def _entries(venv: Path) -> dict[str, os.stat_result]:
     """Every file and symlink under ``venv`` (venv-relative), with its lstat."""
     root = str(venv)
-    return {rel: os.lstat(f"{root}/{rel}") for rel in _paths(venv)}
+    return {rel: os.lstat(f"{root}/{rel}") for rel in listing(venv)}
 
 
 def freeze(folder: Path, venv_files: Iterable[str]) -> None:
@@ -148,15 +138,11 @@ def expected(
     return out, gone
 
 
-def own_files(
-    folder: Path, tree_keys: Mapping[str, str], winners: Mapping[str, str]
-) -> dict[str, str]:
-    """The files of ``folder/venv`` that no tree gave it, as ``generation.json`` records them
-    (call once the manifests are linked in: :func:`link_manifests`)."""
-    venv = folder / "venv"
-    linked, _gone = expected(folder, tree_keys, winners)
-    own = sorted(rel for rel in _paths(venv) if rel not in linked)
-    return {rel: _describe(venv / rel, os.lstat(venv / rel)) for rel in own}
+def own_files(venv: Path, own: Iterable[str]) -> dict[str, str]:
+    """The venv's own files (``own``: what :class:`~envbuild.apply.assemble.Assembled` says
+    no tree gave it), as ``generation.json`` records them. Anything else found there later is
+    reported as added."""
+    return {rel: _describe(venv / rel, os.lstat(venv / rel)) for rel in sorted(own)}
 
 
 def _content(manifest: TreeManifest) -> dict[str, tuple[str, int, int]]:

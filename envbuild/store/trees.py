@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envbuild.errors import StoreError
-from envbuild.fsio import canonical_json, fsync_dir, rmtree, sha256_file
+from envbuild.fsio import compact_json, fsync_dir, rmtree, sha256_file
 from envbuild.store.core import KEY_RE, Store, derivation_key
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class Trees:
                 mode = _mode(st.st_mode)
                 if stat.S_IMODE(st.st_mode) != mode:
                     os.chmod(target, mode)  # the mtime stays
-                entries[rel] = TreeFile(
+                entries[rel] = TreeFile.model_construct(  # the values are ours: no validation
                     sha256=digests[rel], size=st.st_size, mode=mode, mtime_ns=st.st_mtime_ns
                 )
             manifest = TreeManifest(
@@ -262,7 +262,7 @@ class Trees:
                 files=entries,
                 as_published=sorted(as_published),
             )
-            (work / MANIFEST).write_text(canonical_json(manifest.model_dump(mode="json")))
+            (work / MANIFEST).write_bytes(compact_json(manifest.model_dump(mode="json")))
             os.chmod(work / MANIFEST, 0o444)
             for folder in sorted(made, key=len, reverse=True):
                 os.chmod(folder, 0o555)  # every folder made above, deepest first
