@@ -187,8 +187,8 @@ def first_pair(spec: str, before: Path, work: Path, rounds: int) -> None:
             _none, t, d = timed(
                 lambda t=tree, k=n: before_install(t, spec, work / f"r{k}"), work, n
             )
-            rev = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                                 check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+            git = ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]
+            rev = subprocess.run(git, check=True, capture_output=True, text=True).stdout.strip()
             print(f"| {r} | {rev} | {t:.1f} | {d:.0f} |", flush=True)
             remove_tree(work / f"r{n}")
             remove_tree(work / f"store-{n}")
