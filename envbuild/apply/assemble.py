@@ -426,7 +426,7 @@ def listing(venv: Path) -> list[str]:
 
 
 def _files(venv: Path) -> set[str]:
-    out = set()
+    out: set[str] = set()
     skip = len(str(venv)) + 1
     for top, _dirs, names in os.walk(venv):
         out.update(os.path.join(top, name)[skip:] for name in names)

@@ -59,6 +59,17 @@ def inode(path: Path) -> tuple[int, int]:
     return st_.st_dev, st_.st_ino
 
 
+def two_experiments(
+    cli, experiment: Experiment, machine: Machine
+) -> tuple[gens.Generation, gens.Generation]:
+    """tiny-a, then tiny-b (another vllm, the same tinydep) applied on one machine."""
+    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
+    first = current(machine)
+    r = cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
+    assert r.exit_code == 0, r.stderr
+    return first, current(machine)
+
+
 def test_a_shared_generation_is_the_plain_install_file_for_file(
     cli, experiment: Experiment, machine: Machine, tmp_path: Path
 ) -> None:
@@ -137,9 +148,7 @@ def test_a_second_experiment_links_what_it_shares_and_installs_only_the_rest(
 def test_an_edit_through_a_hard_link_is_named_with_every_generation_it_reaches(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
-    assert cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
-    second = current(machine)
+    _first, second = two_experiments(cli, experiment, machine)
 
     # a hand edit of generation 2's tinydep writes the inode generation 1 links too
     hand_edit(site(second.venv) / "tinydep" / "__init__.py", "DEBUG = True\n")
@@ -157,9 +166,7 @@ def test_an_edit_through_a_hard_link_is_named_with_every_generation_it_reaches(
 def test_an_editor_that_replaces_the_file_changes_one_generation_only(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
-    first = current(machine)
-    assert cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
+    first, _second = two_experiments(cli, experiment, machine)
     # what `sed -i` does: a new file renamed over the old name
     target = site(first.venv) / "tinydep" / "__init__.py"
     os.chmod(target.parent, 0o755)
@@ -181,7 +188,8 @@ def test_repair_restores_the_tree_from_its_wheel_in_every_generation(
     spec_a = experiment("tiny-a")
     assert cli("apply", spec_a, "--root", machine.root).exit_code == 0
     first = current(machine)
-    assert cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
+    r = cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
+    assert r.exit_code == 0, r.stderr
     second = current(machine)
     original = (site(first.venv) / "tinydep" / "__init__.py").read_text()
     hand_edit(site(first.venv) / "tinydep" / "__init__.py", "DEBUG = True\n")
@@ -201,10 +209,7 @@ def test_repair_restores_the_tree_from_its_wheel_in_every_generation(
 def test_gc_removes_a_tree_only_when_no_generation_links_it(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
-    first = current(machine)
-    assert cli("apply", experiment("tiny-b", vllm="0.0.2"), "--root", machine.root, "--yes")
-    second = current(machine)
+    first, second = two_experiments(cli, experiment, machine)
     trees = Trees(store())
     r = cli("gc", "--json")
     assert r.exit_code == 0 and r.json()["removed_trees"] == []
