@@ -32,7 +32,6 @@ from envbuild.build import pipeline as build  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 
-
 #: What ``--redo`` names: the derivation kind it forgets.
 KINDS = {"links": "links", "layers": "layer"}
 
