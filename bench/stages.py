@@ -4,10 +4,13 @@ CLI does not print (not a test).
 
     python3 bench/stages.py specs/kimi-nvfp4.toml --store S --output O           # as it is
     python3 bench/stages.py specs/kimi-nvfp4.toml --store S --output O --redo links
+    python3 bench/stages.py specs/kimi-nvfp4.toml --store S --output O --redo layers --redo links
 
 ``--redo links`` first forgets the store's link-check derivation (its ``drv/<key>.json``, kind
 ``links``; the report blob stays), so the ``links`` stage checks the image again: cold when
 ``$XDG_CACHE_HOME/envbuild/linkcheck`` is empty, warm when it holds an earlier check's facts.
+``--redo layers`` forgets the layer derivations (kind ``layer``; their blobs stay), so every
+layer is installed and packed again, as in a cold build whose wheels are in the store.
 The wall time covers ``envbuild.build.pipeline.build`` only (imports and spec loading excluded).
 Prints
 JSON: the wall time, the stages, what was rebuilt, the image digest and the load average.
@@ -29,6 +32,9 @@ from envbuild.build import pipeline as build  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 
+#: What ``--redo`` names: the derivation kind it forgets.
+KINDS = {"links": "links", "layers": "layer"}
+
 
 def forget(store: Path, kind: str) -> list[str]:
     """Remove the derivations of ``kind`` from ``store`` (their outputs stay as blobs)."""
@@ -45,10 +51,10 @@ def main() -> int:
     ap.add_argument("spec", type=Path)
     ap.add_argument("--store", type=Path, required=True)
     ap.add_argument("--output", type=Path, required=True)
-    ap.add_argument("--redo", choices=["links"], action="append", default=[])
+    ap.add_argument("--redo", choices=sorted(KINDS), action="append", default=[])
     ap.add_argument("--no-docker-archive", dest="docker_archive", action="store_false")
     args = ap.parse_args()
-    forgotten = [key for kind in args.redo for key in forget(args.store, kind)]
+    forgotten = [key for redo in args.redo for key in forget(args.store, KINDS[redo])]
     loaded = load_spec(args.spec)
     load0 = os.getloadavg()
     start = time.perf_counter()

@@ -2,8 +2,11 @@
 as one deterministic tar, ``WORKERS`` at a time, under the layer's derivation key.
 
 A layer whose key the store knows is neither installed nor packed again; a layer's staging
-tree sits in memory when there is room (:mod:`envbuild.scratch`). Input: planned layers and the
-verified wheel files; output: :class:`~envbuild.build.manifest.BuiltLayer` records.
+tree sits in memory when there is room (:mod:`envbuild.scratch`). While it is on disk, the ELF
+facts of its wheels' members are read from it into the link-check cache
+(:mod:`envbuild.linkcheck.staging`), so the links stage inflates no wheel a second time.
+Input: planned layers and the verified wheel files; output:
+:class:`~envbuild.build.manifest.BuiltLayer` records.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import VenvTarget, WheelRef, install, write_venv
 from envbuild.build.manifest import BuiltLayer
 from envbuild.build.plan import PlanLayer
+from envbuild.linkcheck import Cache, default_cache
+from envbuild.linkcheck.staging import record_staged
+from envbuild.linkcheck.wheels import Wheel
 from envbuild.progress import NULL, Progress
 from envbuild.store.core import Output, Store
 
@@ -150,6 +156,9 @@ def build_layer(
                         cache=work / UV_CACHE if fast is not None else store.tmp / UV_CACHE,
                     )
                     task.advance(len(refs))
+                # the links stage's facts, from the files on disk: it then inflates no member
+                staged = [Wheel(d.name, d.version, blobs[d.sha256], d.sha256) for d in layer.dists]
+                record_staged(root, staged, target, Cache(default_cache()), leaves)
             packed = pack(
                 store,
                 root,

@@ -97,7 +97,13 @@ def member_key(wheel_sha256: str, member: str) -> str:
     return _key("member", MEMBER_FORMAT, wheel_sha256, member)
 
 
-def _members(
+def map_key(wheel_sha256: str, target: VenvTarget, leave: frozenset[str]) -> str:
+    """The cache key of the member map of the wheel whose sha256 is ``wheel_sha256``, installed
+    for ``target`` without the paths in ``leave``."""
+    return _key(wheel_sha256, target.key(), sorted(leave))
+
+
+def wheel_members(
     zf: zipfile.ZipFile, target: VenvTarget, leave: frozenset[str], records: bool = True
 ) -> list[tuple[str, str, str | None, bool]]:
     """A wheel's installed members in its order: (path in the image, member, RECORD sha256
@@ -158,13 +164,13 @@ def wheel_entries(
     sizes: dict[Path, dict[str, int]] = {}  # of the ELF members of the wheels opened here
     for wheel in wheels:
         leave = (leaves or {}).get(wheel.dist, frozenset())
-        key = _key(wheel.sha256, target.key(), sorted(leave)) if wheel.sha256 else None
+        key = map_key(wheel.sha256, target, leave) if wheel.sha256 else None
         members = _cached_members(cache.get_doc("wheels", key)) if key else None
         if members is None:
             try:
                 with zipfile.ZipFile(wheel.path) as zf:
                     # a wheel's sha256 names its members' facts: its RECORD is not asked
-                    members = _members(zf, target, leave, records=not wheel.sha256)
+                    members = wheel_members(zf, target, leave, records=not wheel.sha256)
                     sizes[wheel.path] = {m: zf.getinfo(m).file_size for _, m, _, e in members if e}
             except (OSError, zipfile.BadZipFile, KeyError) as exc:
                 raise InputFileError(wheel.path.name, f"is not a readable wheel: {exc}") from None

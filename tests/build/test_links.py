@@ -90,3 +90,50 @@ def test_a_finding_stops_the_build_unless_the_spec_accepts_it(
     store = Store(repo / "store")
     kinds = [store.lookup(k).kind for k in store.derivations()]  # type: ignore[union-attr]
     assert kinds.count("links") == 1  # the same wheels and base: the report is reused
+
+
+def test_a_fresh_build_reads_no_wheel_member_in_its_links_stage(
+    repo: Path, cli: Build, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layers stage put the members' facts in the link-check cache from its staging
+    trees: the links stage inflates nothing, and reports what reading the wheels reports."""
+    from envbuild.linkcheck import zipread
+
+    reads: list[str] = []
+    real = zipread.read_member
+
+    def counting(f, zf, info, limit):  # type: ignore[no-untyped-def]
+        reads.append(info.filename)
+        return real(f, zf, info, limit)
+
+    monkeypatch.setattr(zipread, "read_member", counting)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    wheel = make_wheel(
+        repo / "wheels",
+        "fastext",
+        "1.0",
+        {
+            "fastext/__init__.py": "",
+            "fastext/_fast.cpython-311-x86_64-linux-gnu.so": extension(tmp_path / "cc"),
+        },
+    )
+    spec = write_project(
+        repo,
+        "links",
+        [ref(wheel)],
+        '[image.link_findings]\n"fastext:libgone.so.1" = "loaded only by a test that never runs"\n',
+        base=base_with_libc(repo),
+    )
+    args = ("build", "--store", repo / "store", "--output", repo / "out")
+    assert cli(*args, spec).exit_code == 0
+    assert reads == []
+    store = Store(repo / "store")
+    (key,) = [k for k in store.derivations() if store.lookup(k).kind == "links"]  # type: ignore[union-attr]
+    staged = store.lookup(key).outputs["report"]  # type: ignore[union-attr]
+    # the same check from the wheels: the links derivation and the link-check cache forgotten
+    (repo / "store" / "drv" / f"{key}.json").unlink()
+    shutil.rmtree(tmp_path / "xdg" / "envbuild" / "linkcheck")
+    assert cli(*args, spec).exit_code == 0
+    assert reads == ["fastext/_fast.cpython-311-x86_64-linux-gnu.so"]
+    assert store.lookup(key).outputs["report"] == staged  # type: ignore[union-attr]
+    assert b"libgone.so.1" in store.read_blob(staged)
