@@ -8,7 +8,8 @@ package whose choice and tree are known, and whose tree's files still have the s
 manifest recorded, is hard-linked in (a reflink or a copy across file systems). The others are
 installed by uv into a staging venv in the store (one ``uv pip sync`` of just them; the losers
 of the spec's ``[image.overlaps]`` in a second one beside it, so that no file of theirs is
-overwritten), moved into new trees, and linked in the same way.
+overwritten), hard-linked from a uv cache of their own that is removed after, moved into new
+trees, and linked in the same way.
 
 Last, uv itself checks the assembled venv against the whole install lock (``uv pip sync
 --strict --dry-run``): it must say it would change nothing. So the venv is what a plain
@@ -194,6 +195,10 @@ class Assembler:
         alone: list[str] = []
         with contextlib.ExitStack() as stack:
             venvs_ = [stack.enter_context(self.store.temp_dir("stage-")) / "venv" for _ in groups]
+            # uv's own cache for these syncs only, gone with the staging venvs: its files are
+            # hard-linked into them and moved into trees, so nothing is copied twice and no
+            # tree shares an inode with a cache other uv runs link from
+            cache = stack.enter_context(self.store.temp_dir("uv-cache-"))
             for venv in venvs_:
                 venvs.create_venv(venv, self.python)
             interp = interpreter_id(venvs_[0])
@@ -208,7 +213,7 @@ class Assembler:
             try:
                 with ThreadPoolExecutor(len(groups)) as pool:  # uv downloads and copies
                     for done in [
-                        pool.submit(venvs.sync, v, lock, strict=False)
+                        pool.submit(venvs.sync, v, lock, strict=False, private_cache=cache)
                         for v, lock in zip(venvs_, locks, strict=True)
                     ]:
                         done.result()

@@ -117,9 +117,17 @@ def create_venv(venv: Path, python: str) -> None:
     )
 
 
-def sync(venv: Path, lock_file: Path, *, strict: bool = True, dry_run: bool = False) -> str:
-    """``uv pip sync`` of ``venv`` to ``lock_file``: hash-checked, nothing built, files copied
-    out of uv's cache. Returns what uv printed."""
+def sync(
+    venv: Path,
+    lock_file: Path,
+    *,
+    strict: bool = True,
+    dry_run: bool = False,
+    private_cache: Path | None = None,
+) -> str:
+    """``uv pip sync`` of ``venv`` to ``lock_file``: hash-checked, nothing built. Files are
+    copied out of uv's cache, or, with ``private_cache`` (a uv cache folder no one else uses,
+    removed by the caller after), hard-linked from it. Returns what uv printed."""
     argv: list[str | Path] = [
         proc.find_uv(),
         "pip",
@@ -133,14 +141,14 @@ def sync(venv: Path, lock_file: Path, *, strict: bool = True, dry_run: bool = Fa
         "--no-build",
         "--no-index",
         "--link-mode",
-        "copy",
+        "copy" if private_cache is None else "hardlink",
     ]
     argv += ["--strict"] if strict else []
     argv += ["--dry-run"] if dry_run else []
     done = proc.run(
         [*argv, lock_file],
         tool="uv pip sync",
-        env=proc.uv_env(),
+        env=proc.uv_env({"UV_CACHE_DIR": str(private_cache)} if private_cache else None),
         stream=not dry_run,
         cwd=lock_file.parent,
     )

@@ -97,6 +97,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
     cli_py = site(gen.venv) / "vllm" / "cli.py"
     tree_file = trees.files(gen.meta.trees["vllm"]) / cli_py.relative_to(gen.venv)
     assert inode(cli_py) == inode(tree_file)
+    assert os.lstat(tree_file).st_nlink == 2  # the tree's and this venv's: no uv cache holds it
     assert stat.S_IMODE(os.lstat(tree_file).st_mode) == 0o444
     assert stat.S_IMODE(os.lstat(gen.venv / "bin" / "vllm").st_mode) == 0o555
     assert os.lstat(gen.venv / "bin" / "vllm").st_nlink == 2  # the tree's and this venv's
