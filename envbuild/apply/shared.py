@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -266,11 +265,11 @@ def repair(gen: Generation, store: Store, all_gens: Sequence[Generation], python
             packages = [
                 p for p in data.get("packages") or [] if canonicalize_name(p["name"]) in rebuild
             ]
-            with tempfile.TemporaryDirectory(dir=store.tmp) as work:
-                lock = Path(work) / venvs.INSTALL_LOCK
+            with store.temp_dir("repair-") as work:
+                lock = work / venvs.INSTALL_LOCK
                 shutil.copyfile(gen.path / venvs.INSTALL_LOCK, lock)
                 if (gen.path / venvs.WHEELS).is_dir():
-                    os.symlink(gen.path / venvs.WHEELS, Path(work) / venvs.WHEELS)
+                    os.symlink(gen.path / venvs.WHEELS, work / venvs.WHEELS)
                 for key in {gen.meta.trees[d] for d in rebuild}:
                     trees.remove(key)
                 made = Assembler(store, python).reinstall(lock, packages)

@@ -343,10 +343,12 @@ class BlobStore:
     # -- scratch space and small files -------------------------------------------------------
 
     @contextlib.contextmanager
-    def temp_dir(self, prefix: str = "work-") -> Iterator[Path]:
+    def temp_dir(self, prefix: str = "work-", *, session: bool = True) -> Iterator[Path]:
         """A scratch directory inside the store (same file system as the blobs), removed after
-        the block; ``gc`` removes any that a killed process left behind."""
-        with self.session():
+        the block; ``gc`` removes any that a killed process left behind. ``session=False`` for
+        a caller that holds the gc lock itself (a session would wait for it)."""
+        self._ensure()
+        with self.session() if session else contextlib.nullcontext(self):
             try:
                 path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmp))
             except OSError as exc:

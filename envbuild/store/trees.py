@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from envbuild.errors import StoreError
-from envbuild.fsio import compact_json, fsync_dir, rmtree, sha256_file
+from envbuild.fsio import compact_json, fsync_dir, sha256_file
 from envbuild.store.core import KEY_RE, Store, derivation_key
 
 log = logging.getLogger(__name__)
@@ -224,9 +223,8 @@ class Trees:
         the tree first, its tree is kept and this one dropped."""
         shared_paths = set(shared)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.store.tmp.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"tree-{key[:12]}-", dir=self.store.tmp))
-        try:
+        # the store's scratch space: what a killed run leaves there, gc removes
+        with self.store.temp_dir(f"tree-{key[:12]}-") as work:
             base = str(work / FILES)
             os.mkdir(base)
             made = {base}
@@ -278,9 +276,6 @@ class Trees:
             fsync_dir(self.root)
             log.debug("tree %s: %s %s, %d files", key[:12], dist, version, len(entries))
             return manifest
-        finally:
-            if work.exists():
-                rmtree(work)
 
     def remove(self, key: str) -> None:
         """Take the tree out of ``trees/`` (a rename first, so it vanishes at once), then
@@ -288,11 +283,10 @@ class Trees:
         path = self.path(key)
         if not path.exists():
             return
-        self.store.tmp.mkdir(parents=True, exist_ok=True)
-        gone = Path(tempfile.mkdtemp(prefix=f"gone-{key[:12]}-", dir=self.store.tmp))
-        os.rename(path, gone / key)
-        fsync_dir(self.root)
-        rmtree(gone)
+        # gc calls this under its lock: no session (it would wait for that lock)
+        with self.store.temp_dir(f"gone-{key[:12]}-", session=False) as gone:
+            os.rename(path, gone / key)
+            fsync_dir(self.root)
 
     def size(self, key: str) -> int:
         manifest = self.manifest(key)
