@@ -18,7 +18,6 @@ Last, uv itself checks the assembled venv against the whole install lock (``uv p
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
@@ -37,7 +36,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from envbuild import proc
 from envbuild.apply import venv as venvs
 from envbuild.errors import EnvironmentFailure, UserError
-from envbuild.fsio import sha256_file
+from envbuild.fsio import record_digest, sha256_file
 from envbuild.snapshot import hashing, records
 from envbuild.snapshot.distinfo import read_dist
 from envbuild.store.core import Store, derivation_key
@@ -202,7 +201,7 @@ class Assembler:
             for venv in venvs_:
                 venvs.create_venv(venv, self.python)
             interp = interpreter_id(venvs_[0])
-            skeleton = _files(venvs_[0])
+            skeleton = set(listing(venvs_[0]))
             locks = []
             for n, group in enumerate(groups):
                 partial = install_lock.parent / f"pylock.stage{n}.toml"
@@ -247,12 +246,12 @@ class Assembler:
         for rel, owners in claims.items():
             if len(owners) < 2:
                 continue
-            digest = _b64(sha256_file(venv / rel))
+            digest = record_digest(bytes.fromhex(sha256_file(venv / rel)))
             for owner in owners:
                 want = staged[owner][1][rel]
                 if want is not None and want != digest and owner not in lost:
                     lost.append(owner)  # its own bytes were overwritten: install it alone
-        left = set(_files(venv)) - skeleton - set(claims) - {UV_LOCK}
+        left = set(listing(venv)) - skeleton - set(claims) - {UV_LOCK}
         if left:
             raise EnvironmentFailure(
                 f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
@@ -296,7 +295,9 @@ class Assembler:
         key = tree_key(wheel, self.layout, [sha for _n, sha in candidates])
         digests = {rel: hashed[rel] for rel in files}
         as_published = [
-            rel for rel, want in files.items() if want is not None and _b64(digests[rel]) != want
+            rel
+            for rel, want in files.items()
+            if want is not None and record_digest(bytes.fromhex(digests[rel])) != want
         ]
         if as_published:
             log.warning(
@@ -416,10 +417,6 @@ def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _b64(hex_digest: str) -> str:
-    return base64.urlsafe_b64encode(bytes.fromhex(hex_digest)).rstrip(b"=").decode()
-
-
 def listing(venv: Path) -> list[str]:
     """Every file and symlink under ``venv``, venv-relative (a folder's listing, no stat)."""
     out = []
@@ -427,14 +424,6 @@ def listing(venv: Path) -> list[str]:
     for top, dirs, names in os.walk(venv):
         out += [os.path.join(top, name)[skip:] for name in names]
         out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
-    return out
-
-
-def _files(venv: Path) -> set[str]:
-    out: set[str] = set()
-    skip = len(str(venv)) + 1
-    for top, _dirs, names in os.walk(venv):
-        out.update(os.path.join(top, name)[skip:] for name in names)
     return out
 
 
