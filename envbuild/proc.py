@@ -398,3 +398,12 @@ def reading(
         returncode = child.wait()
         if at_end:
             check(returncode)
+
+
+def option(flag: str, value: str | Secret) -> list[str | Secret]:
+    """``flag`` with its value as one argument, ``--flag=value``, which no tool reads as an
+    option of its own whatever the value holds; a :class:`Secret` stays a separate, redacted
+    argument after its flag (its grammar makes sure it cannot start with ``-``)."""
+    if isinstance(value, Secret):
+        return [flag, value]
+    return [f"{flag}={value}"]

@@ -98,7 +98,9 @@ def python_available(version: str) -> str | None:
     """The interpreter uv would use for ``version`` (None when the host has none)."""
     try:
         done = proc.run(
-            [proc.find_uv(), "python", "find", "--no-config", version], tool="uv", env=proc.uv_env()
+            [proc.find_uv(), "python", "find", "--no-config", "--", version],
+            tool="uv",
+            env=proc.uv_env(),
         )
     except EnvironmentFailure:
         return None
@@ -110,7 +112,7 @@ def create_venv(venv: Path, python: str) -> None:
     their interpreter relative to themselves, so what is installed does not depend on where."""
     log.info("creating venv (Python %s) at %s", python, venv)
     proc.run(
-        [proc.find_uv(), "venv", "--no-config", "--relocatable", "--python", python, venv],
+        [proc.find_uv(), "venv", "--no-config", "--relocatable", f"--python={python}", "--", venv],
         tool="uv venv",
         env=proc.uv_env(),
         hint=f"is Python {python} installed on this machine? (`uv python find {python}`)",

@@ -170,15 +170,16 @@ def install(
             *(["--cache-dir", cache] if cache is not None else ["--no-cache"]),
             "--python",
             sys.executable,
-            "--python-version",
-            target.python_version,
+            f"--python-version={target.python_version}",
             "--prefix",
             prefix,
             "-r",
             req,
         ]
         if (platform := target.uv_platform()) is not None:
-            argv[argv.index("--prefix") : argv.index("--prefix")] = ["--python-platform", platform]
+            argv[argv.index("--prefix") : argv.index("--prefix")] = [
+                f"--python-platform={platform}"
+            ]
         env = proc.uv_env()  # the lock decides: no UV_* of the caller's
         try:
             proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")

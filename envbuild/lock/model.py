@@ -16,6 +16,17 @@ from typing import Annotated, Literal
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
+from envbuild.spec.scalars import (
+    IMAGE_NAME,
+    DebianPackage,
+    DebianPackageName,
+    DebianSuite,
+    DebianVersion,
+    EnvName,
+    MirrorUrl,
+    Text,
+)
+
 #: envbuild's own format version of ``[tool.envbuild]``. Bump it when a change would make an
 #: older envbuild misread a lock, and add a converter from the previous format.
 LOCK_FORMAT = 3
@@ -76,7 +87,7 @@ class LockedBuild(_Model):
     name: str
     version: str
     sdist: LockedFile
-    env: dict[str, str] = Field(default_factory=dict, description="build flags from the spec")
+    env: dict[EnvName, Text] = Field(default_factory=dict, description="build flags from the spec")
     requires_dist: list[str] = Field(
         default_factory=list,
         description="the sdist's declared dependencies (PKG-INFO), used for the resolution",
@@ -89,9 +100,10 @@ class LockedPatch(_Model):
 
 
 class DebianPackageLock(_Model):
-    name: str
-    version: str
-    arch: str
+    # the same grammars as the spec's: these go into apt's preferences and mmdebstrap's argv
+    name: DebianPackageName
+    version: DebianVersion
+    arch: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     sha256: Sha256
 
 
@@ -101,10 +113,10 @@ class DebianBaseLock(_Model):
     ``packages`` means the set is not pinned: the build resolves it against the mirror."""
 
     kind: Literal["debian"]
-    suite: str
-    mirror: str
-    variant: str
-    include: list[str] = Field(
+    suite: DebianSuite
+    mirror: MirrorUrl
+    variant: Literal["essential", "apt", "required", "minbase"]
+    include: list[DebianPackage] = Field(
         default_factory=list,
         description="the spec's base.packages (mmdebstrap --include), sorted, without duplicates",
     )
@@ -116,7 +128,9 @@ class DebianBaseLock(_Model):
 
 class ImageBaseLock(_Model):
     kind: Literal["image"]
-    ref: str = Field(description="the reference without its digest (repository[:tag])")
+    ref: Annotated[str, Field(pattern=f"^{IMAGE_NAME.pattern}$")] = Field(
+        description="the reference without its digest (repository[:tag])"
+    )
     digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")]
 
 

@@ -135,23 +135,21 @@ def _compile(
             "--color",
             "never",
             "--no-progress",
-            "--python-version",
-            target.python,
-            "--python-platform",
-            target.uv_platform(),
-            "--exclude-newer",
-            target.cutoff(),
+            f"--python-version={target.python}",
+            f"--python-platform={target.uv_platform()}",
+            f"--exclude-newer={target.cutoff()}",
             "--index-strategy",
             "first-index",
             "--only-binary",
             ":all:",
         ]
         default, *extras = [expand_url(i.url) for i in target.indexes if i.name != "torch"]
-        argv += ["--default-index", default]
+        # spec values as --opt=value, never read as an option of their own; a URL holding a
+        # secret stays one redacted argument after its option (its grammar starts it http/file)
+        argv += proc.option("--default-index", default)
         for index in extras:
-            argv += ["--index", index]
-        for name in builds:
-            argv += ["--no-binary", name]
+            argv += proc.option("--index", index)
+        argv += [f"--no-binary={name}" for name in builds]
         if no_deps:
             argv.append("--no-deps")
         done = proc.run(argv, tool="uv", cwd=work, env=proc.uv_env(), check=False, timeout=_TIMEOUT)

@@ -135,7 +135,7 @@ class HostBuilder(Builder):
         if self._interpreter is None:
             uv = proc.find_uv()
             found = proc.run(
-                [uv, "python", "find", "--no-project", self.python],
+                [uv, "python", "find", "--no-project", "--", self.python],
                 tool="uv",
                 env=self._env(),
                 check=False,
@@ -179,7 +179,9 @@ class HostBuilder(Builder):
             blog.command(argv, done)
             return done.returncode == 0
 
-        if not step([uv, "venv", "--quiet", "--python", self.interpreter(), str(venv)], env):
+        if not step(
+            [uv, "venv", "--quiet", f"--python={self.interpreter()}", "--", str(venv)], env
+        ):
             return BuildOutcome(1, blog.text(), None)
         python = str(venv / "bin" / "python")
         install: list[str | proc.Secret] = [uv, "pip", "install", "--python", python]
@@ -188,12 +190,12 @@ class HostBuilder(Builder):
             constraints.write_text("\n".join(job.constraints) + "\n")
             install += ["--constraint", str(constraints)]
         if job.exclude_newer:
-            install += ["--exclude-newer", job.exclude_newer]
+            install.append(f"--exclude-newer={job.exclude_newer}")
         if job.index_url:
-            install += ["--index-url", self._expand(job.index_url)]
+            install += proc.option("--index-url", self._expand(job.index_url))
         for url in job.extra_index_urls:
-            install += ["--extra-index-url", self._expand(url)]
-        if job.requires and not step([*install, *job.requires], env):
+            install += proc.option("--extra-index-url", self._expand(url))
+        if job.requires and not step([*install, "--", *job.requires], env):
             return BuildOutcome(1, blog.text(), None)
         build_env = self._build_env(job, venv)
         argv: list[str | proc.Secret] = [

@@ -204,7 +204,7 @@ class ContainerBuilder(Builder):
             constraints.write_text("\n".join(job.constraints) + "\n")
             install += ["--constraint", at(constraints)]
         if job.exclude_newer:
-            install += ["--exclude-newer", job.exclude_newer]
+            install.append(f"--exclude-newer={job.exclude_newer}")
         nvcc = self._probed.get(True)
         build_env = {**job.env, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(build_env.items()))
@@ -222,7 +222,7 @@ class ContainerBuilder(Builder):
         build += ["--out-dir", at(job.out_dir), at(job.sdist)]
         script = (
             "set -ex\n"
-            + (f"{_join(install)} {requires}\n" if job.requires else "")
+            + (f"{_join(install)} -- {requires}\n" if job.requires else "")
             + exports
             + cuda_path
             + "set +e\n"

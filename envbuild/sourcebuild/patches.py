@@ -135,7 +135,7 @@ def apply_patch(tree: Path, patch: Path, shown: str) -> list[str]:
     """Apply one patch to ``tree`` (dry run first). Returns the files it touched."""
     tool = proc.which("patch", hint="install GNU patch (Debian: apt-get install patch)")
     argv = [tool, "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch"]
-    argv += ["--reject-file=-", "-d", str(tree), "-i", str(patch)]
+    argv += ["--reject-file=-", f"--directory={tree}", f"--input={patch}"]
     env = proc.child_env()
     dry = proc.run([*argv, "--dry-run"], tool="patch", env=env, check=False)
     output = dry.stdout + dry.stderr

@@ -29,18 +29,27 @@ from envbuild.spec.scalars import (
     CommitSha,
     ComputeCapability,
     CudaVersion,
+    DebianPackage,
+    DebianSuite,
     DistName,
     DriverVersion,
+    EnvName,
     GgufQuant,
     HfRepo,
+    HostName,
     ImagePath,
     ImageRef,
+    IndexUrl,
     MajorMinor,
+    MirrorUrl,
     RepoPath,
     RequirementStr,
     Sha256,
     Specifier,
+    Text,
+    TorchIndex,
     VersionStr,
+    Word,
 )
 
 SPEC_VERSION = 1
@@ -82,9 +91,9 @@ class Cuda(Strict):
 
 class DebianBase(Strict):
     kind: Literal["debian"]
-    suite: str = "bookworm"
-    mirror: str = "http://deb.debian.org/debian"
-    packages: list[str] = Field(default_factory=list)
+    suite: DebianSuite = "bookworm"
+    mirror: MirrorUrl = "http://deb.debian.org/debian"
+    packages: list[DebianPackage] = Field(default_factory=list)
     variant: Literal["essential", "apt", "required", "minbase"] = "essential"
 
 
@@ -136,12 +145,14 @@ class Torch(Strict):
     cuda: Annotated[str, Field(pattern=r"^(cu\d{3}|cpu)$")] = Field(
         description="the wheel's CUDA variant: cu130, cu132 … or cpu"
     )
-    index: str = Field("pypi", description="'pypi', or the URL of the index the wheel comes from")
+    index: TorchIndex = Field(
+        "pypi", description="'pypi', or the URL of the index the wheel comes from"
+    )
 
 
 class SourceBuild(Strict):
     version: VersionStr
-    env: dict[str, str] = Field(
+    env: dict[EnvName, Text] = Field(
         default_factory=dict,
         description="build flags as environment variables (MAX_JOBS, TORCH_CUDA_ARCH_LIST …)",
     )
@@ -149,7 +160,7 @@ class SourceBuild(Strict):
 
 class Vllm(Strict):
     version: VersionStr
-    extras: list[str] = Field(default_factory=list)
+    extras: list[DistName] = Field(default_factory=list)
 
 
 #: What vLLM reads from a tokenizer or config repo (not its weights).
@@ -162,7 +173,7 @@ class AuxRepo(Strict):
 
     repo: HfRepo
     revision: CommitSha
-    files: list[str] = Field(
+    files: list[Text] = Field(
         default_factory=lambda: list(AUX_FILES),
         description="allow patterns (default: config, tokenizer and code files, no weights)",
     )
@@ -175,7 +186,7 @@ class GgufModel(Strict):
     quant: GgufQuant = Field(
         description="the quant type the files are named by (their name holds -QUANT- or -QUANT.)"
     )
-    folder: str = Field(
+    folder: Text = Field(
         "", description="the folder of the repo holding the quant's .gguf files ('' for the top)"
     )
 
@@ -192,7 +203,7 @@ class Model(Strict):
     repo: HfRepo
     revision: CommitSha
     size_gb: PositiveFloat = Field(description="expected size on disk, in GB (10^9 bytes)")
-    files: list[str] = Field(
+    files: list[Text] = Field(
         default_factory=list, description="allow patterns; empty means the whole repo"
     )
     tokenizer: AuxRepo | None = Field(None, description="a tokenizer from another repo")
@@ -231,23 +242,23 @@ class Serve(Strict):
     tensor_parallel_size: PositiveInt = 1
     pipeline_parallel_size: PositiveInt = 1
     max_model_len: PositiveInt | None = None
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: Word = "auto"
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    served_model_name: str | None = None
-    host: str = "0.0.0.0"
+    served_model_name: Word | None = None
+    host: HostName = "0.0.0.0"
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(
+    extra_args: list[Text] = Field(default_factory=list)
+    env: dict[EnvName, Text] = Field(
         default_factory=dict, description="values may reference the caller's env as ${NAME}"
     )
 
 
 class Image(Strict):
-    cmd: list[str] | None = Field(
+    cmd: list[Text] | None = Field(
         None, description="the image's command; defaults to `vllm serve` when [serve] is given"
     )
-    env: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, Text] = Field(default_factory=dict)
+    labels: dict[Text, Text] = Field(default_factory=dict)
     workdir: ImagePath = "/"
     overlaps: dict[DistName, DistName] = Field(
         default_factory=dict,
@@ -270,8 +281,8 @@ class Resolution(Strict):
     exclude_newer: datetime = Field(
         description="uv's --exclude-newer: relocking later gives the same answer"
     )
-    index_url: str = "https://pypi.org/simple"
-    extra_index_urls: list[str] = Field(default_factory=list)
+    index_url: IndexUrl = "https://pypi.org/simple"
+    extra_index_urls: list[IndexUrl] = Field(default_factory=list)
 
     @field_validator("exclude_newer")
     @classmethod
@@ -286,7 +297,7 @@ class Spec(Strict):
 
     spec_version: Literal[1] = 1
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
-    description: str = ""
+    description: Text = ""
     host: Host | None = None
     cuda: Cuda | None = None
     base: Base

@@ -50,8 +50,10 @@ def _clean_loc(loc: tuple[Any, ...]) -> KeyPath:
             and part in {"debian", "image", "oci-layout", "rootfs"}
         ):
             continue
-        if isinstance(part, str) and part.startswith(("function-", "tagged-union")):
-            continue
+        if isinstance(part, str) and (
+            part.startswith(("function-", "tagged-union")) or part == "[key]"
+        ):
+            continue  # "[key]": the error is about the dict key just before it
         out.append(part)
     return tuple(out)
 

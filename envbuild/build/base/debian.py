@@ -144,7 +144,9 @@ def _mmdebstrap_run(
     if pin_lines or ca_lines:
         setup = _write_script(out / "setup.sh", SETUP.format(pin=pin_lines, ca=ca_lines))
         argv.append(f"--setup-hook={setup}")
-    argv += [f"--customize-hook={collect}", spec_base.suite, str(work / "rootfs.tar")]
+    # SUITE TARGET MIRROR after "--": mmdebstrap's Getopt::Long reads nothing after it as an
+    # option (the spec's grammar already refuses a suite or mirror that starts with '-')
+    argv += [f"--customize-hook={collect}", "--", spec_base.suite, str(work / "rootfs.tar")]
     argv.append(spec_base.mirror)
     # the chroot (mmdebstrap's TMPDIR) in memory when there is room: see envbuild.scratch
     with scratch.folder("chroot-", CHROOT_ESTIMATE) as fast:
