@@ -21,6 +21,13 @@ from envbuild.spec.problems import validation_problems
 
 _TOML_POS = re.compile(r"\(at line (\d+), column (\d+)\)")
 
+#: How deep a spec's tables and arrays may nest (the deepest real one is 4: builds.X.env.KEY),
+#: and how long a chain of ``extends`` and how many files in all it may name. Beyond these a
+#: spec is refused, located, before anything recurses into it.
+MAX_DEPTH = 64
+MAX_EXTENDS = 32
+MAX_FILES = 256
+
 
 @dataclass
 class LoadedSpec:
@@ -113,10 +120,13 @@ def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise SpecError([Problem(shown, line, "", "the file is not UTF-8 text")]) from None
+        at = data[: exc.start].count(b"\n") + 1
+        raise SpecError([Problem(shown, at, "", "the file is not UTF-8 text")]) from None
+    deep = _nesting_line(text)
+    if deep is not None:
+        raise SpecError([_too_deep(shown, deep, "")])
     try:
-        return tomllib.loads(text), text
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         pos = _TOML_POS.search(message)
@@ -127,6 +137,76 @@ def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
         raise SpecError(
             [Problem(shown, where, "", f"malformed TOML: {detail}", "fix the TOML syntax")]
         ) from None
+    key = _deeper_than(doc, MAX_DEPTH)
+    if key is not None:
+        lines = locate_keys(text)
+        # the first line that writes under it (a table header names the whole path at once)
+        line = min((n for k, n in lines.items() if k[: len(key)] == key), default=None)
+        if line is None:  # [[a.a]] headers are located without their indices
+            names = tuple(p for p in key if isinstance(p, str))
+            line = min((n for k, n in lines.items() if k[: len(names)] == names), default=None)
+        raise SpecError([_too_deep(shown, line, dotted(key))])
+    return doc, text
+
+
+def _too_deep(shown: str, line: int | None, key: str) -> Problem:
+    return Problem(
+        shown,
+        line,
+        key,
+        f"tables and arrays nest more than {MAX_DEPTH} deep",
+        "a spec's tables are a few levels deep (docs/spec.md); flatten this one",
+    )
+
+
+def _nesting_line(text: str) -> int | None:
+    """The line where the brackets of inline arrays and tables first nest deeper than
+    :data:`MAX_DEPTH` (strings and comments skipped), before tomllib recurses into them; None
+    when they do not."""
+    depth, line, i, n = 0, 1, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\n":
+            line += 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif ch in "\"'":
+            delim = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else ch
+            j = i + len(delim)
+            while j < n and not text.startswith(delim, j):
+                if text[j] == "\\" and ch == '"':
+                    j += 1
+                elif text[j] == "\n" and len(delim) == 1:
+                    break  # an unclosed one-line string: tomllib reports it
+                j += 1
+            line += text.count("\n", i, min(j, n))
+            i = j + len(delim)
+            continue
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return line
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return None
+
+
+def _deeper_than(data: dict[str, Any], limit: int) -> KeyPath | None:
+    """The key path of a value nested deeper than ``limit`` (dotted keys and table headers
+    nest too), found without recursion; None when there is none."""
+    stack: list[tuple[Any, KeyPath]] = [(data, ())]
+    while stack:
+        value, key = stack.pop()
+        if len(key) > limit:
+            return key
+        if isinstance(value, dict):
+            stack.extend((v, (*key, k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, (*key, i)) for i, v in enumerate(value))
+    return None
 
 
 def _merge(
@@ -265,6 +345,19 @@ class _Loader:
                     )
                 )
                 continue
+            if len(stack) + 1 >= MAX_EXTENDS or len(self.files) >= MAX_FILES:
+                self.problems.append(
+                    Problem(
+                        self.shown(path),
+                        line,
+                        "extends",
+                        f"extends chains more than {MAX_EXTENDS} files deep"
+                        if len(stack) + 1 >= MAX_EXTENDS
+                        else f"extends names more than {MAX_FILES} files in all",
+                        "extend a shared base directly instead of through a long chain",
+                    )
+                )
+                break
             base = self.load(target, (*stack, path))
             _merge_plain(merged, base)
         _merge(merged, data, self.origins, lines, path)
