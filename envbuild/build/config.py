@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from envbuild.build.plan import PlanConfig
 from envbuild.errors import UserError
+from envbuild.spec import secrets
 from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
 
@@ -77,9 +78,32 @@ def image_config(spec: Spec, *, spec_hash: str, lock_hash: str) -> PlanConfig:
                     hint="pass secrets at run time through [serve.env] (they stay out of the "
                     "image) or `docker run -e`",
                 )
+    _refuse_literal_secrets(spec, cmd, run_time)
     if any(SECRET_REF.search(cmd[i]) for i in run_time):
         cmd = run_time_command(cmd, run_time)
     return PlanConfig(env=env, cmd=cmd, labels=labels, workdir=spec.image.workdir)
+
+
+def _refuse_literal_secrets(spec: Spec, cmd: Sequence[str], run_time: set[int]) -> None:
+    """What validate refuses (:mod:`envbuild.spec.secrets`), refused again where the image's
+    config is written: a literal secret in its command, env or labels."""
+    places = [
+        *((f"image.env.{k}", k, v) for k, v in spec.image.env.items()),
+        *((f"image.labels.{k}", k, v) for k, v in spec.image.labels.items()),
+        *((f"serve.env.{k}", k, v) for k, v in (spec.serve.env if spec.serve else {}).items()),
+    ]
+    for where, name, value in places:
+        if secrets.named_secret(name, value) or secrets.token_kind(value):
+            raise UserError(
+                f"{where}: a literal secret would be written into the image",
+                hint=f'reference the environment instead: "${{{name}}}" in [serve.env]',
+            )
+    for hit in secrets.arg_secrets(cmd, skip=frozenset(run_time)):
+        raise UserError(
+            f"image.cmd: the value of {hit.name} is a literal secret that would be written into "
+            "the image",
+            hint="pass it at run time ([serve.env], `docker run -e`)",
+        )
 
 
 def run_time_command(cmd: Sequence[str], secret: set[int]) -> list[str]:

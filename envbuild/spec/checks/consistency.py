@@ -15,19 +15,11 @@ from packaging.version import Version
 from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
+from envbuild.spec import secrets as sec
 from envbuild.spec.checks import WARNING, TargetGpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 from envbuild.spec.model import SECRET_REF, DebianBase
-
-#: Values that look like a credential pasted in, instead of a ``${VAR}`` reference.
-TOKEN_PATTERNS = {
-    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
-    "a GitHub token": re.compile(r"\b(ghp|gho|ghs|ghu)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{30,}"),
-    "an OpenAI-style API key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),
-    "an AWS access key": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
-}
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY", re.IGNORECASE)
 
 
 def pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
@@ -108,36 +100,63 @@ def _nvml(loaded: LoadedSpec) -> Iterator[Problem]:
 
 
 def secrets(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
-    """A credential must be a ``${VAR}`` reference, never a literal in the spec."""
+    """A credential must be a ``${VAR}`` reference, never a literal in the spec: not a value
+    with a credential's shape anywhere, and not a literal under a name that says "secret"
+    (:mod:`envbuild.spec.secrets`) wherever a value reaches the image config, the unit or a
+    manifest: env tables and labels by their key, command lines (``image.cmd``,
+    ``serve.extra_args``, and env and label values) by their flags and assignments."""
     serve = loaded.spec.serve
     flagged = (
         {("serve", "extra_args", a.index) for a in kb.secret_args(serve.extra_args)}
         if serve
         else set()
     )
+    found: dict[KeyPath, tuple[str, str]] = {}  # key -> (what, the variable to use)
     for key, value in _strings(loaded.raw, ()):
         if key in flagged:
             continue  # secret_flags says it better
-        kind = next((k for k, p in TOKEN_PATTERNS.items() if p.search(value)), None)
-        last = key[-1] if key else ""
-        env_table = len(key) >= 2 and key[-2] == "env"
-        if (
-            kind is None
-            and env_table
-            and SECRET_NAME.search(str(last))
-            and value
-            and not SECRET_REF.fullmatch(value.strip())
-        ):
-            kind = "a literal credential"
-        if kind is None:
-            continue
-        var = str(last) if env_table else "HF_TOKEN"
+        kind = sec.token_kind(value)
+        if kind is not None:
+            env_table = len(key) >= 2 and key[-2] == "env"
+            found.setdefault(key, (kind, str(key[-1]) if env_table else "HF_TOKEN"))
+    image = loaded.spec.image
+    named: list[tuple[KeyPath, str, str]] = [
+        *((("image", "env", k), k, v) for k, v in image.env.items()),
+        *((("image", "labels", k), k, v) for k, v in image.labels.items()),
+        *((("serve", "env", k), k, v) for k, v in (serve.env if serve else {}).items()),
+        *(
+            (("builds", d, "env", k), k, v)
+            for d, b in loaded.spec.builds.items()
+            for k, v in b.env.items()
+        ),
+    ]
+    for key, name, value in named:
+        if (what := sec.named_secret(name, value)) is not None:
+            found.setdefault(key, (what, name))
+    lines: list[tuple[KeyPath, list[str], frozenset[int]]] = [
+        (("image", "cmd"), list(image.cmd or []), frozenset()),
+    ]
+    if serve:
+        skip = frozenset(i for k in flagged if isinstance(i := k[-1], int))
+        lines.append((("serve", "extra_args"), list(serve.extra_args), skip))
+    for where, args, skip in lines:
+        for hit in sec.arg_secrets(args, skip=skip):
+            found.setdefault(
+                (*where, hit.index), (f"the value of {hit.name}, a secret,", _var(hit.name))
+            )
+    for key, (kind, var) in sorted(found.items(), key=lambda kv: str(kv[0])):
         yield loaded.problem(
             key,
             f"this looks like {kind} written into the spec; it would end up in the lock, the "
             "image and the manifests",
-            f'reference the environment instead: "${{{var}}}" (and revoke the exposed token)',
+            f'reference the environment instead: "${{{var}}}" (and revoke the exposed token); '
+            "in the image's command pass it at run time ([serve.env], `docker run -e`)",
         )
+
+
+def _var(flag: str) -> str:
+    """The variable a secret flag's value would come from: ``--hf-token`` -> HF_TOKEN."""
+    return re.sub(r"[^A-Z0-9_]", "_", flag.lstrip("-").upper()) or "SECRET"
 
 
 def secret_flags(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
