@@ -23,6 +23,7 @@ from envbuild.spec.scalars import (
     DebianSuite,
     DebianVersion,
     EnvName,
+    IndexUrl,
     MirrorUrl,
     Text,
 )
@@ -78,7 +79,7 @@ class LockedPackage(_Model):
 
 class Index(_Model):
     name: str = Field(description="'default', 'extra-N' or 'torch'")
-    url: str = Field(description="as the spec writes it; ${VAR} references stay unexpanded")
+    url: IndexUrl = Field(description="as the spec writes it; ${VAR} references stay unexpanded")
 
 
 class LockedBuild(_Model):

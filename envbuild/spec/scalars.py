@@ -131,6 +131,12 @@ def _abs_posix(value: str) -> str:
     _no_control(value, tab=False, newline=False)
     if not PurePosixPath(value).is_absolute() or ".." in PurePosixPath(value).parts:
         raise ValueError(f"{value!r} must be an absolute path inside the image, without '..'")
+    # it is written as a word of the Dockerfile's RUN lines and the unit: nothing a shell reads
+    if not re.fullmatch(r"[A-Za-z0-9._+@%,:=~/-]+", value, re.ASCII):
+        raise ValueError(
+            f"{value!r} must be a path of letters, digits and . _ + @ % , : = ~ / - (no spaces "
+            "or shell characters)"
+        )
     return value
 
 
@@ -207,9 +213,10 @@ def _debian_suite(value: str) -> str:
     return value
 
 
-#: What a URL may hold: RFC 3986's characters, without '#' (a comment in sources.list) and
-#: without quotes, spaces or control characters.
-_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?\[\]@!$&()*+,;=%-]+", re.ASCII)
+#: What a URL may hold: RFC 3986's characters without those a shell reads (``$ ( ) * ! ; &``
+#: and quotes: the Dockerfile writes index URLs into a RUN line), without '#' (a comment in
+#: sources.list), spaces or control characters. ``${NAME}`` references are checked apart.
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~:/?\[\]@+,=%-]+", re.ASCII)
 
 
 def check_url(value: str, *, refs: bool, example: str = "https://pypi.org/simple") -> str:
