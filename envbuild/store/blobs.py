@@ -31,7 +31,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Protocol, Self
 
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir, rmtree
@@ -67,6 +67,12 @@ def store_error(root: Path, exc: OSError, doing: str) -> StoreError:
         f"cannot use the store {root} while {doing}: {exc.strerror or exc}",
         hint="check the directory's permissions, or choose another store with --store",
     )
+
+
+class Readable(Protocol):
+    """What :meth:`BlobStore.add_stream` reads from (a file, :class:`envbuild.oci.BlobStream`)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class Flock:
@@ -265,7 +271,15 @@ class BlobStore:
         ``expected`` is given and already stored, the file is not read at all."""
         if expected is not None and self.check_blob(expected):
             return expected
-        with self.blob_writer(expected=expected) as w, Path(path).open("rb") as src:
+        with Path(path).open("rb") as src:
+            return self.add_stream(src, expected=expected)
+
+    def add_stream(self, src: Readable, *, expected: str | None = None) -> str:
+        """Copy what ``src`` reads (to its end) into the store; returns its digest. When
+        ``expected`` is given and already stored, nothing is read."""
+        if expected is not None and self.check_blob(expected):
+            return expected
+        with self.blob_writer(expected=expected) as w:
             while chunk := src.read(CHUNK):
                 w.write(chunk)
         return w.digest
