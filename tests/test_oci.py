@@ -9,9 +9,11 @@ little; envbuild's own writer is read back in tests/build/test_image.py.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +62,21 @@ class Layout:
 
     def image(self, *, layers: int = 1, media_type: str = OCI_MANIFEST, **extra: Any) -> dict:
         config = self.blob({"architecture": "amd64", "os": "linux", "rootfs": {}}, OCI_CONFIG)
-        listed = [self.blob(f"layer {i}".encode(), LAYER) for i in range(layers)]
+        listed = [self.blob(tar_of(f"layer-{i}"), LAYER) for i in range(layers)]
         doc = {"schemaVersion": 2, "mediaType": media_type, "config": config, "layers": listed}
         return self.blob(doc, media_type, **extra)
 
     def index(self, *entries: dict[str, Any]) -> None:
         doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": list(entries)}
         (self.root / "index.json").write_text(json.dumps(doc))
+
+
+def tar_of(name: str) -> bytes:
+    """A tar of one empty file: a layer's bytes must be what its media type says."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        tf.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    return buf.getvalue()
 
 
 def tagged(name: str) -> dict[str, Any]:

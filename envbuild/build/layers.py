@@ -32,7 +32,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
-from envbuild import proc
+from envbuild import oci, proc
 from envbuild.build.entries import Entry, LayerError, arrange, normalize_path, tree_entries
 from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar, write_tree
 from envbuild.errors import UserError
@@ -267,14 +267,12 @@ def layer_from_tree(
 
 
 def compression_of(media_type: str) -> Compression:
-    """The compression a layer media type (OCI or Docker) names."""
-    if media_type.endswith(("+zstd", ".zstd")):
-        return Compression.ZSTD
-    if media_type.endswith(("+gzip", ".gzip")):
-        return Compression.GZIP
-    if media_type.endswith((".tar", "layer.v1.tar")):
-        return Compression.NONE
-    raise UserError(f"unsupported layer media type {media_type!r}")
+    """The compression a layer media type (OCI or Docker) names (one definition:
+    :func:`envbuild.oci.layer_compression`)."""
+    named = oci.layer_compression(media_type)
+    if named is None:
+        raise UserError(f"unsupported layer media type {media_type!r}")
+    return Compression(named)
 
 
 @contextlib.contextmanager

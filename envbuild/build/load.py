@@ -51,19 +51,34 @@ class Loaded:
         }
 
 
+def _unfinished(folder: Path) -> bool:
+    """Whether ``folder`` is a build's output folder whose build did not finish (or is
+    running): it has a layout but no build manifest, the folder's commit record."""
+    return (folder / "oci").is_dir() and not (folder / "build-manifest.json").is_file()
+
+
 def find_archive(path: Path) -> Path:
     """The docker archive ``path`` names: the file itself, or ``DIR/docker-archive.tar`` of a
-    build's output folder whose build finished."""
+    build's output folder whose build finished. Nothing in an unfinished output folder is
+    loaded, the folder named or a file in it."""
     path = Path(path)
+    whole = path.absolute()
+    # the folder itself, the folder of a file in it, the folder of a file in its layout
+    around = [whole, whole.parent, *(a.parent for a in whole.parents if a.name == "oci")]
+    for folder in dict.fromkeys(around):
+        if _unfinished(folder):
+            # a build output folder whose build did not finish: what it holds is not one image
+            raise InputFileError(
+                path,
+                "holds an unfinished build (no build-manifest.json: a build into it was "
+                "interrupted)"
+                if folder == whole
+                else f"is in {folder}, which holds an unfinished build (no build-manifest.json: "
+                "a build into it was interrupted or is running)",
+                hint=f"build into it again (`envbuild build --output {folder}`)",
+            )
     if path.is_file():
         return path
-    if (path / "oci").is_dir() and not (path / "build-manifest.json").is_file():
-        # a build output folder whose build did not finish: what it holds is not one image
-        raise InputFileError(
-            path,
-            "holds an unfinished build (no build-manifest.json: a build into it was interrupted)",
-            hint="build into it again (`envbuild build --output` this folder)",
-        )
     candidate = path / DOCKER_ARCHIVE
     if candidate.is_file():
         return candidate

@@ -3,8 +3,11 @@
 :func:`write_oci_layout` hardlinks every blob of an :class:`~envbuild.build.image.Image` (and of
 its referrers, the SBOM) from the store into ``OUT/blobs/sha256`` (copying across file systems),
 each checked first, keeping blobs already there that are unchanged and removing an earlier
-image's, and writes ``oci-layout`` and ``index.json`` last: a reader never sees an index naming
-a blob that is not there yet. Reading a layout back is :mod:`envbuild.oci`'s.
+image's, and writes ``oci-layout`` and ``index.json`` last (:func:`write_index`): a reader never
+sees an index naming a blob that is not there. An earlier index goes first, before any blob is
+removed or placed: while the blobs change no index names an image (skopeo would show an
+image whose blobs are half its own and half another's). Reading a layout back is
+:mod:`envbuild.oci`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from envbuild.build.image import Image, blob_role
 from envbuild.build.tarwrite import CHUNK
 from envbuild.errors import IntegrityError, OutputError
-from envbuild.fsio import atomic_writer, compact_json, write_atomic
+from envbuild.fsio import atomic_writer, compact_json, fsync_dir, write_atomic
 from envbuild.oci import OCI_INDEX, OCI_LAYOUT
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Store
@@ -53,6 +56,7 @@ def write_oci_layout(
     ref_name: str | None,
     keep: Callable[[Path], bool] | None = None,
     referrers: Sequence[Referrer] = (),
+    index: bool = True,
 ) -> Path:
     """Write ``image`` as an OCI image layout in ``out_dir`` (blobs hardlinked from the store,
     copied across file systems). Every blob is checked first (:meth:`Store.verified_path`): a
@@ -60,13 +64,18 @@ def write_oci_layout(
     file (a hard link) or ``keep(path)`` says it is unchanged since it was written; any other is
     replaced. Blobs of an earlier image in ``blobs/`` are removed; other files in ``out_dir``
     are left alone. ``referrers`` (the SBOM) are store blobs placed and listed the same way.
-    ``index.json`` is written last."""
+    An earlier ``index.json`` is removed first; the new one is written last (``index=False``:
+    not yet, the caller writes it with :func:`write_index` once all else naming the image is
+    written)."""
     out_dir = Path(out_dir)
     blob_dir = out_dir / "blobs" / "sha256"
     try:
         blob_dir.mkdir(parents=True, exist_ok=True)
+        if (out_dir / "index.json").exists() or (out_dir / "index.json").is_symlink():
+            (out_dir / "index.json").unlink()
+            fsync_dir(out_dir)  # gone before any blob changes
     except OSError as exc:
-        raise OutputError(f"cannot create {blob_dir}: {exc.strerror}") from exc
+        raise OutputError(f"cannot write {out_dir}: {exc.strerror}") from exc
     wanted = set(image.blobs()) | {d for r in referrers for d in r.blobs}
     for path in blob_dir.iterdir():
         if f"sha256:{path.name}" not in wanted:
@@ -76,9 +85,18 @@ def write_oci_layout(
         dest = blob_dir / digest_hex(digest)
         if _place_blob(src, dest, digest, keep):
             store.linked(digest)
-    write_atomic(out_dir / "oci-layout", OCI_LAYOUT)
-    write_atomic(out_dir / "index.json", index_json(image, ref_name, referrers))
+    if index:
+        write_index(out_dir, image, ref_name, referrers)
     return out_dir
+
+
+def write_index(
+    out_dir: Path, image: Image, ref_name: str | None, referrers: Sequence[Referrer] = ()
+) -> None:
+    """Write the ``oci-layout`` and ``index.json`` of the layout ``out_dir``, whose blobs are
+    all in place (each atomically: the index is there whole, or not at all)."""
+    write_atomic(Path(out_dir) / "oci-layout", OCI_LAYOUT)
+    write_atomic(Path(out_dir) / "index.json", index_json(image, ref_name, referrers))
 
 
 def _place_blob(src: Path, dest: Path, digest: str, keep: Callable[[Path], bool] | None) -> bool:

@@ -2,9 +2,13 @@
 manifest, written so that the folder holds a complete image or says it does not.
 
 ``build-manifest.json`` is the folder's commit record. A build that will change the folder
-removes it first (and syncs the folder), writes the layout (``index.json`` last) and the docker
-archive, and writes the manifest last of all; a build killed on the way leaves a folder without
-one, which no later build calls current. The store's root of the folder
+removes it first, and with it everything else that names an image (``oci/index.json``, the
+docker archive, the SBOM), and syncs the folder; then it places the layout's blobs, writes the
+SBOM and the docker archive, then ``oci/index.json``, and the manifest last of all, each
+atomically. A build killed on the way leaves a folder without a manifest, which no later build
+calls current, ``envbuild load`` refuses (the folder or any file in it), and in which nothing
+names an image that is not whole. Builds into one folder take turns by a lock in the folder
+itself (:func:`lock_output`), whichever store each uses. The store's root of the folder
 (:func:`envbuild.store.core.output_root_name`) records the stat of every file written (git's
 index does the same for a work tree), so a no-op rebuild can tell without reading them that the
 folder still holds the very image: same manifest, same ``index.json``, every blob the store's
@@ -37,12 +41,15 @@ from envbuild.build.manifest import (
 from envbuild.build.plan import Plan
 from envbuild.errors import OutputError
 from envbuild.fsio import canonical_json, fsync_dir, write_atomic
+from envbuild.store.blobs import Flock
 from envbuild.store.core import Root, Store, output_root_name
 from envbuild.store.stamps import file_stamp
 
 log = logging.getLogger(__name__)
 
 OCI_DIR = "oci"
+#: The lock two builds into one folder take turns by (in the folder: their stores may differ).
+LOCK_FILE = ".envbuild.lock"
 #: The image's CycloneDX SBOM beside its layout (:mod:`envbuild.build.sbom`).
 SBOM_FILE = "sbom.cdx.json"
 
@@ -129,7 +136,7 @@ def write_outputs(
         image=img.manifest_digest,
         outputs=outputs,
     )
-    # the caller holds store.lock_output(out) until the folder's root is written too
+    # the caller holds lock_output(out) until the folder's root is written too
     _sweep_temps(out)
     made = sbom(manifest) if sbom is not None else None
     referrers = [made.referrer] if made is not None else []
@@ -145,18 +152,16 @@ def write_outputs(
         ref_name=plan.spec,
         keep=_unchanged(out, root, manifest),
         referrers=referrers,
+        index=False,  # written once the archive is: until then nothing names the image
     )
     if made is not None:
         write_atomic(out / SBOM_FILE, made.data)
-    else:
-        (out / SBOM_FILE).unlink(missing_ok=True)  # it would describe another image
-    archive = out / dockerarchive.DOCKER_ARCHIVE
     if docker_archive:
+        archive = out / dockerarchive.DOCKER_ARCHIVE
         dockerarchive.write_docker_archive(
             store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"]
         )
-    else:
-        archive.unlink(missing_ok=True)  # it would hold another image
+    ocilayout.write_index(out / OCI_DIR, img, plan.spec, referrers)
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))
     fsync_dir(out)
     return manifest
@@ -287,12 +292,35 @@ def _unchanged(out: Path, root: Root | None, manifest: BuildManifest) -> Callabl
     return unchanged
 
 
+def lock_output(out: Path) -> Flock:
+    """An exclusive lock on writing the output folder ``out`` (created when missing): builds
+    into one folder take turns, whichever store each uses. The lock file is in the folder."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write {out}: {exc.strerror or exc}",
+            hint="check that the folder is writable, or choose another with --output",
+        ) from exc
+    return Flock(out / LOCK_FILE, shared=False, what=f"another build into {out}")
+
+
+#: What names an image in a folder, besides the manifest: removed with it, written after it all.
+_NAMING = (f"{OCI_DIR}/index.json", dockerarchive.DOCKER_ARCHIVE, SBOM_FILE)
+
+
 def _invalidate(out: Path) -> None:
-    """Say the folder is being changed before changing it: its manifest goes first, and the
-    removal reaches the disk before any other write does."""
+    """Say the folder is being changed before changing it: its manifest goes first, then what
+    else names an image (an index over blobs that are about to change would name an image
+    that is not whole), and the removals reach the disk before any other write does."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST_FILE).unlink(missing_ok=True)
+        fsync_dir(out)
+        for name in _NAMING:
+            (out / name).unlink(missing_ok=True)
+        if (out / OCI_DIR).is_dir():
+            fsync_dir(out / OCI_DIR)
         fsync_dir(out)
     except OSError as exc:
         raise OutputError(

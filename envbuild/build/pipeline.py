@@ -41,7 +41,7 @@ from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.layerbuild import build_layers
 from envbuild.build.links import link_check
 from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer
-from envbuild.build.outputs import Sbom, output_files, write_outputs
+from envbuild.build.outputs import Sbom, lock_output, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
 from envbuild.build.planner import (
@@ -205,7 +205,7 @@ def build(
             return made_sbom
 
         # two builds into one folder take turns, each writing the folder and then its root
-        with store.lock_output(out):
+        with lock_output(out):
             with stage("image", timings):
                 manifest = write_outputs(
                     plan,

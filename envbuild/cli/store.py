@@ -116,7 +116,8 @@ def register(sub: Any) -> None:
     verify.add_argument(
         "--repair",
         action="store_true",
-        help="remove corrupt blobs and the derivation records that lost an output",
+        help="remove corrupt blobs (restoring them from an output folder that holds them) and "
+        "the derivation records that lost an output; give blobs their mode 0444 back",
     )
     verify.add_argument(
         "--jobs", type=int, metavar="N", help="blobs hashed at once (default: CPUs, at most 8)"
@@ -249,6 +250,8 @@ def _verify(args: argparse.Namespace) -> int:
             render.echo(problem.render())
         state = "ok" if result.ok else f"{len(result.corrupt)} corrupt blob(s), "
         if not result.ok:
+            if result.bad_modes:
+                state += f"{len(result.bad_modes)} blob(s) of a wrong mode, "
             state += f"{len(result.broken)} broken derivation(s)"
             state += ", repaired" if result.repaired else "; run with --repair to remove them"
         render.echo(

@@ -17,6 +17,12 @@ known, so a killed writer never leaves a blob whose name is not its digest. A bu
 written; ``gc`` takes that lock exclusively, so it never removes what a running build made but
 has not rooted yet. Bytes read in full (:meth:`BlobStore.read_blob`) are always hashed; a blob
 handed out by path is checked through its stamp (:meth:`BlobStore.check_blob`).
+
+A blob is a regular file of mode 0444: output folders hard-link it, so its mode is theirs, and
+envbuild runs as root, which reads a file of mode 0000 all the same. So the mode is checked with
+the bytes (a wrong one is put back when the bytes are right), and a name taken by anything else
+(a folder, a fifo, a symlink) is no blob: it is never opened (a fifo would block the build
+forever), counts as missing, and is replaced when the blob is made or fetched again.
 """
 
 from __future__ import annotations
@@ -27,22 +33,25 @@ import fcntl
 import hashlib
 import logging
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Protocol, Self
 
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir, rmtree
 from envbuild.oci import DIGEST_RE
-from envbuild.store.stamps import Stamps
+from envbuild.store.stamps import Stamps, open_regular
 
 log = logging.getLogger(__name__)
 
 #: Bumped when the meaning of a derivation key or the layout changes; part of every key.
 STORE_FORMAT = 1
 CHUNK = 1 << 20
+#: Every blob's mode: read-only, readable by every user (output folders hard-link blobs).
+BLOB_MODE = 0o444
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -67,6 +76,12 @@ def store_error(root: Path, exc: OSError, doing: str) -> StoreError:
         f"cannot use the store {root} while {doing}: {exc.strerror or exc}",
         hint="check the directory's permissions, or choose another store with --store",
     )
+
+
+class Readable(Protocol):
+    """What :meth:`BlobStore.add_stream` reads from (a file, :class:`envbuild.oci.BlobStream`)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class Flock:
@@ -205,8 +220,12 @@ class BlobStore:
         return self.blobs / digest_hex(digest)
 
     def has_blob(self, digest: str) -> bool:
-        """Whether a file of that name is here (its bytes unchecked: see :meth:`check_blob`)."""
-        return self.blob_path(digest).is_file()
+        """Whether a regular file of that name is here (its bytes unchecked: see
+        :meth:`check_blob`; a folder, fifo or symlink there is no blob)."""
+        try:
+            return stat.S_ISREG(self.blob_path(digest).lstat().st_mode)
+        except FileNotFoundError:
+            return False
 
     @contextlib.contextmanager
     def blob_writer(self, *, expected: str | None = None) -> Iterator[BlobWriter]:
@@ -240,7 +259,8 @@ class BlobStore:
                     writer.digest = digest  # the hard links of output folders to it)
                     return
                 try:
-                    os.chmod(tmp, 0o444)
+                    os.chmod(tmp, BLOB_MODE)
+                    self._clear(final)
                     os.replace(tmp, final)
                     fsync_dir(self.blobs)
                 except OSError as exc:
@@ -265,7 +285,15 @@ class BlobStore:
         ``expected`` is given and already stored, the file is not read at all."""
         if expected is not None and self.check_blob(expected):
             return expected
-        with self.blob_writer(expected=expected) as w, Path(path).open("rb") as src:
+        with Path(path).open("rb") as src:
+            return self.add_stream(src, expected=expected)
+
+    def add_stream(self, src: Readable, *, expected: str | None = None) -> str:
+        """Copy what ``src`` reads (to its end) into the store; returns its digest. When
+        ``expected`` is given and already stored, nothing is read."""
+        if expected is not None and self.check_blob(expected):
+            return expected
+        with self.blob_writer(expected=expected) as w:
             while chunk := src.read(CHUNK):
                 w.write(chunk)
         return w.digest
@@ -274,7 +302,8 @@ class BlobStore:
         """The bytes of a (small) blob, hashed on the way: a corrupt blob raises
         :class:`IntegrityError`."""
         try:
-            data = self.blob_path(digest).read_bytes()
+            with open_regular(self.blob_path(digest)) as f:
+                data = f.read()
         except FileNotFoundError:
             raise StoreError(f"blob {digest} is not in the store {self.root}") from None
         if hashlib.sha256(data).hexdigest() != digest_hex(digest):
@@ -284,19 +313,42 @@ class BlobStore:
     def open_blob(self, digest: str) -> IO[bytes]:
         """The blob opened for reading (unchecked: check it first where that matters)."""
         try:
-            return self.blob_path(digest).open("rb")
+            return open_regular(self.blob_path(digest))
         except FileNotFoundError:
             raise StoreError(f"blob {digest} is not in the store {self.root}") from None
 
     # -- blob integrity ----------------------------------------------------------------------
 
     def check_blob(self, digest: str) -> bool:
-        """Whether blob ``digest`` is here and its bytes hash to its name. Cheap when the
-        blob's stat is what it was when its bytes were last hashed (see
-        :mod:`envbuild.store.stamps`); otherwise the blob is hashed again now."""
+        """Whether blob ``digest`` is here (a regular file) and its bytes hash to its name.
+        Cheap when the blob's stat is what it was when its bytes were last hashed (see
+        :mod:`envbuild.store.stamps`); otherwise the blob is hashed again now. A blob whose
+        bytes are right but whose mode is not 0444 gets its mode back (a warning says so)."""
         self._ensure()
         hexd = digest_hex(digest)
-        return self._stamped.check(hexd, self.blobs / hexd)
+        path = self.blobs / hexd
+        if not self._stamped.check(hexd, path):
+            return False
+        self.restore_mode(path)
+        return True
+
+    def restore_mode(self, path: Path) -> bool:
+        """Give the (checked) blob file ``path`` its mode 0444 again when it has another; True
+        when it had to (with a warning: output folders hard-linking it had that mode too)."""
+        try:
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            if mode == BLOB_MODE:
+                return False
+            log.warning(
+                "store blob %s had mode %04o, not %04o (other users could not read the output "
+                "folders that link it): restored",
+                path.name[:12], mode, BLOB_MODE,
+            )  # fmt: skip
+            os.chmod(path, BLOB_MODE, follow_symlinks=False)
+        except OSError as exc:
+            raise store_error(self.root, exc, f"restoring the mode of blob {path.name}") from exc
+        self._stamped.record(path.name, path)  # the chmod changed its ctime, not its bytes
+        return True
 
     def stamp(self, path: Path) -> None:
         """Note that the blob file ``path`` was hashed just now and matched its name."""
@@ -331,10 +383,24 @@ class BlobStore:
         self._stamped.linked(hexd, self.blobs / hexd)
 
     def drop_blob(self, digest: str) -> None:
-        """Remove a (corrupt) blob and its stamp; what needs it is made or fetched again."""
+        """Remove a (corrupt) blob, or whatever took its name (a folder too), and its stamp;
+        what needs it is made or fetched again."""
         hexd = digest_hex(digest)
         self._stamped.forget(hexd)
-        (self.blobs / hexd).unlink(missing_ok=True)
+        try:
+            rmtree(self.blobs / hexd)
+        except OSError as exc:
+            raise store_error(self.root, exc, f"removing blob {hexd}") from exc
+
+    def _clear(self, final: Path) -> None:
+        """Make room for a blob at ``final`` when its name is taken by a folder (a rename cannot
+        replace one); a file there is replaced by the rename itself."""
+        try:
+            if stat.S_ISDIR(final.lstat().st_mode):
+                log.warning("store blob %s was a folder: replacing it", final.name[:12])
+                rmtree(final)
+        except FileNotFoundError:
+            pass
 
     def stale_stamps(self, kept: set[str]) -> list[Path]:
         """The stamp files of blobs other than ``kept`` (hex digests)."""

@@ -347,13 +347,6 @@ class Store(BlobStore):
         except (OSError, ValidationError, ValueError):
             return None
 
-    def lock_output(self, out: Path) -> contextlib.AbstractContextManager[object]:
-        """An exclusive lock on writing the output folder ``out`` (two builds into one folder
-        take turns)."""
-        self._ensure()
-        name = output_root_name(out)
-        return Flock(self.locks / f"{name}.lock", shared=False, what=f"another build into {out}")
-
     def roots(self) -> dict[str, Root]:
         """Every root by name; an unreadable one is a :class:`StoreError` (gc must not guess)."""
         self._ensure()

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from envbuild import registry
 from envbuild.engine import ContainerEngine
 from envbuild.errors import IntegrityError, RegistryUnreachable
-from envbuild.oci import LayoutImage, open_layout
+from envbuild.oci import LayoutImage, open_blob, open_layout
 from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Transport
 from envbuild.registry.layout import add_blob, write_artifact
 from envbuild.store.core import Derivation, Output, Realized, Store, derivation_key
@@ -149,7 +149,8 @@ class RemoteCache:
             image = open_layout(tmp / "layout", ref.tag)
             drv = self._check(image, key, ref)
             for desc in image.layers:
-                store.add_file(image.blob_path(desc), expected=desc.digest)
+                with open_blob(image.blob_path(desc), desc, layout=image.root) as f:
+                    store.add_stream(f, expected=desc.digest)
             recorded = store.record(drv.kind, drv.inputs, drv.outputs, drv.meta, drv.references)
         with self._lock:
             self.stats.hits.append(key)

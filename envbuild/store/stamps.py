@@ -14,15 +14,47 @@ written without fsync and dropped freely.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-
-from envbuild import fsio
+from typing import IO
 
 log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+
+
+class NotRegular(FileNotFoundError):
+    """A blob's name is taken by something that is not a regular file (a folder, a fifo, a
+    symlink, a device): no blob is there."""
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """The blob file ``path`` opened for reading. Never a symlink's target (``O_NOFOLLOW``),
+    never blocking on a fifo (``O_NONBLOCK``; the type is checked by ``lstat`` before the open
+    and by ``fstat`` after it): anything but a regular file is :class:`NotRegular`, as a
+    missing one is FileNotFoundError."""
+    if not stat.S_ISREG(path.lstat().st_mode):
+        raise NotRegular(errno.ENOENT, "not a regular file", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # it became a symlink since the lstat
+            raise NotRegular(errno.ENOENT, "not a regular file", str(path)) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(errno.ENOENT, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def file_stamp(st: os.stat_result) -> str:
@@ -48,7 +80,7 @@ class Stamps:
     def record(self, hexd: str, path: Path) -> None:
         """Note that ``path``'s bytes were hashed just now and match ``hexd`` (best effort)."""
         try:
-            stamp = file_stamp(path.stat())
+            stamp = file_stamp(path.lstat())
             tmp = self.folder / f".{hexd}.{os.getpid()}.{threading.get_native_id()}"
             tmp.write_text(stamp)
             os.replace(tmp, self.folder / hexd)
@@ -61,9 +93,12 @@ class Stamps:
         """Whether the blob at ``path`` exists and its bytes hash to ``hexd``: cheap when its
         stat is its stamp, otherwise hashed again now (and stamped when right)."""
         try:
-            now = file_stamp(path.stat())
+            st = path.lstat()
         except FileNotFoundError:
             return False
+        if not stat.S_ISREG(st.st_mode):
+            return False  # a folder, a fifo or a symlink is no blob (and is never opened)
+        now = file_stamp(st)
         if self._checked.get(hexd) == now:
             return True
         try:
@@ -84,14 +119,18 @@ class Stamps:
         return ok
 
     def hash(self, path: Path) -> str:
-        """The sha256 (hex) of the file at ``path``, read now."""
-        return fsio.sha256_file(path)
+        """The sha256 (hex) of the blob file at ``path``, read now (:func:`open_regular`)."""
+        h = hashlib.sha256()
+        with open_regular(path) as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        return h.hexdigest()
 
     def linked(self, hexd: str, path: Path) -> None:
         """A new hard link to the blob changed its ctime alone: take the new stat as its stamp,
         when this process checked the blob before and nothing else changed."""
         try:
-            now = file_stamp(path.stat())
+            now = file_stamp(path.lstat())
         except OSError:
             return
         before = self._checked.get(hexd)

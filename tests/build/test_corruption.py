@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CliResult
+from conftest import REPO, CliResult
 from support.outputs import build_args, folder_image
 from support.project import write_project
 from support.wheels import make_wheel, ref
@@ -178,3 +183,142 @@ def test_a_corrupt_wheel_is_fetched_again(
         json.loads((repo / "out" / "build-manifest.json").read_text())["image"]
         == (manifest["image"])
     )
+
+
+# --- a blob's name taken by something else, or its mode changed (issue 24) ----------------------
+
+
+def run_envbuild(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``envbuild ARGS`` in a child, so that a hang (a fifo opened for reading) fails the test
+    instead of blocking it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "envbuild", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("kind", ["python-layer", "config"])
+def test_a_fifo_in_place_of_a_blob_never_blocks(
+    repo: Path, built: tuple[Path, dict[str, Any]], kind: str
+) -> None:
+    """This build hung forever: the stamp's re-hash opened the fifo. Now the fifo is no blob:
+    verify says so, and a build makes the blob again, the same image."""
+    spec, manifest = built
+    store = Store(repo / "store")
+    digest = victim(store, manifest, kind)
+    path = store.blob_path(digest)
+    path.unlink()
+    os.mkfifo(path)
+    again = run_envbuild(*build_args(repo, spec, repo / "out"), timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == manifest["image"]
+    assert folder_image(repo / "out") == manifest["image"]
+    assert stat.S_ISREG(path.lstat().st_mode) and store.check_blob(digest)
+    path.unlink()
+    os.mkfifo(path)
+    found = run_envbuild("store", "verify", "--store", repo / "store", "--json", timeout=60)
+    assert found.returncode == 1, found.stderr
+    problem = next(p for p in json.loads(found.stdout)["problems"] if p["name"] == digest)
+    assert "it is a fifo, not a file" in problem["reason"]
+
+
+def test_a_folder_in_place_of_a_blob_is_reported_removed_and_restored(
+    repo: Path, built: tuple[Path, dict[str, Any]], cli: Build
+) -> None:
+    """`store verify --repair` exited 4 (IsADirectoryError) and builds kept failing. Now
+    verify names it, repair removes it and puts the blob back from the output folder that
+    holds it, and a build treats such a blob as missing."""
+    spec, manifest = built
+    store = Store(repo / "store")
+    digest = victim(store, manifest, "python-layer")
+    path = store.blob_path(digest)
+    path.unlink()  # the output folder's hard link keeps the bytes
+    path.mkdir()
+    (path / "x").write_text("x")
+    found = cli("store", "verify", "--store", repo / "store", "--json")
+    assert found.exit_code == 1, found.stderr
+    problem = next(p for p in found.json()["problems"] if p["name"] == digest)
+    assert "it is a folder, not a file" in problem["reason"]
+    assert digest in found.json()["corrupt_blobs"]
+    repaired = cli("store", "verify", "--repair", "--store", repo / "store", "--json")
+    assert repaired.exit_code == 1, repaired.stderr  # found (and repaired), not exit 4
+    problem = next(p for p in repaired.json()["problems"] if p["name"] == digest)
+    assert (
+        problem["repaired"]
+        and f"restored from the output folder {repo / 'out'}" in (problem["fix"])
+    )
+    assert stat.S_ISREG(path.lstat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert cli("store", "verify", "--store", repo / "store").exit_code == 0
+    # with no output folder to restore it from, repair says so; a build makes it again
+    path.unlink()
+    path.mkdir()
+    shutil.rmtree(repo / "out")
+    repaired = cli("store", "verify", "--repair", "--store", repo / "store", "--json")
+    problem = next(p for p in repaired.json()["problems"] if p["name"] == digest)
+    assert "no output folder holds it: the next build makes or fetches it again" in (problem["fix"])
+    path.mkdir()  # and a build over a folder there (no verify first) treats it as missing
+    again = cli(*build_args(repo, spec, repo / "out"))
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.strip() == manifest["image"]
+    assert folder_image(repo / "out") == manifest["image"]
+    assert cli("store", "verify", "--store", repo / "store").exit_code == 0
+
+
+def read_as_nobody(path: Path) -> bool:
+    """Whether a user other than root can read ``path`` (``runuser -u nobody cat``)."""
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "cat", str(path)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+@pytest.fixture
+def shared_out() -> Iterator[Path]:
+    """An output folder every user can reach (pytest's tmp folders are root's alone)."""
+    top = Path(tempfile.mkdtemp(prefix="envbuild-mode-"))
+    top.chmod(0o755)
+    yield top / "out"
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_blob_of_mode_0000_is_found_and_given_its_mode_back(
+    repo: Path, built: tuple[Path, dict[str, Any]], cli: Build, shared_out: Path
+) -> None:
+    """Root reads a blob of mode 0000, so build, verify and repair let it pass, and the output
+    folder's hard link to it was unreadable to every other user."""
+    if shutil.which("runuser") is None:
+        pytest.skip("needs runuser")
+    spec, manifest = built
+    store = Store(repo / "store")
+    first = cli(*build_args(repo, spec, shared_out))
+    assert first.exit_code == 0, first.stderr
+    digest = victim(store, manifest, "python-layer")
+    linked = shared_out / "oci" / "blobs" / "sha256" / digest[7:]
+    if not os.path.samestat(linked.stat(), store.blob_path(digest).stat()):
+        pytest.skip("the output folder is on another file system (blobs copied)")
+    assert read_as_nobody(linked)
+    store.blob_path(digest).chmod(0)
+    assert not read_as_nobody(linked)
+    found = cli("store", "verify", "--store", repo / "store", "--json")
+    assert found.exit_code == 1, found.stderr
+    assert found.json()["bad_modes"] == [digest] and not found.json()["corrupt_blobs"]
+    problem = next(p for p in found.json()["problems"] if p["name"] == digest)
+    assert "its mode is 0000, not 0444" in problem["reason"]
+    repaired = cli("store", "verify", "--repair", "--store", repo / "store")
+    assert repaired.exit_code == 1 and "repaired" in repaired.stdout
+    assert stat.S_IMODE(store.blob_path(digest).stat().st_mode) == 0o444
+    assert read_as_nobody(linked)
+    assert cli("store", "verify", "--store", repo / "store").exit_code == 0
+    # a build notices too (and puts the mode back), though root reads the blob
+    store.blob_path(digest).chmod(0)
+    again = cli(*build_args(repo, spec, shared_out))
+    assert again.exit_code == 0, again.stderr
+    assert "had mode 0000, not 0444" in again.stderr
+    assert stat.S_IMODE(store.blob_path(digest).stat().st_mode) == 0o444
+    assert read_as_nobody(linked)
+    assert folder_image(shared_out) == manifest["image"]

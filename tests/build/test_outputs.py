@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from conftest import REPO, CliResult
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.outputs import build_args, folder_image
+from support.outputs import build_args, folder_image, sha
 from support.project import write_project
 from support.wheels import make_wheel, ref
 
@@ -40,6 +41,37 @@ def two_specs(repo: Path) -> tuple[Path, Path]:
     a = ref(make_wheel(d, "alpha", "1.0", {"alpha.py": "A = 1\n"}))
     b = ref(make_wheel(d, "beta", "1.0", {"beta.py": "B = 2\n" * 2000}))
     return write_project(repo, "img-a", [a]), write_project(repo, "img-b", [a, b])
+
+
+def names_only_whole_images(out: Path) -> None:
+    """Whatever the folder holds, what names an image names a whole one: ``oci/index.json``
+    (read by real skopeo too) and the docker archive."""
+    index = out / "oci" / "index.json"
+
+    def inspect(ref: str) -> subprocess.CompletedProcess[str]:
+        argv = ["skopeo", "inspect", f"oci:{out / 'oci'}{ref}"]
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+    if not index.exists():
+        for ref in ("", ":img-a", ":img-b"):
+            shown = inspect(ref)
+            assert shown.returncode != 0, shown.stdout  # no image is shown
+    else:
+        for entry in json.loads(index.read_bytes())["manifests"]:
+            if "artifactType" not in entry:  # the image (the SBOM is listed beside it)
+                shown = inspect(f":{entry['annotations']['org.opencontainers.image.ref.name']}")
+                assert shown.returncode == 0, shown.stderr
+        blobs = out / "oci" / "blobs" / "sha256"
+        for entry in json.loads(index.read_bytes())["manifests"]:
+            doc = json.loads((blobs / entry["digest"][7:]).read_bytes())
+            for desc in [doc["config"], *doc["layers"]]:
+                assert sha(blobs / desc["digest"][7:]) == desc["digest"][7:], desc
+    archive = out / "docker-archive.tar"
+    if archive.exists():
+        with tarfile.open(archive) as tf:
+            names = set(tf.getnames())
+            docker = json.loads(tf.extractfile("manifest.json").read())  # type: ignore[union-attr]
+            assert {docker[0]["Config"], *docker[0]["Layers"]} <= names
 
 
 def killed_build(repo: Path, spec: Path, out: Path, at: int, log: Path | None = None) -> int:
@@ -87,7 +119,10 @@ def test_a_killed_build_never_leaves_a_folder_called_current(
         if x.split()[1] == "replace" and x.endswith("/out/build-manifest.json")
     )
     index_step = step("replace", "/out/oci/index.json")
-    assert said_a < index_step < says_b
+    archive_step = step("replace", "/out/docker-archive.tar")
+    blob_steps = [int(x.split()[0]) for x in lines if "/out/oci/blobs/sha256/" in x]
+    # what names the image comes after every blob of it, the manifest after all
+    assert said_a < max(blob_steps) < archive_step < index_step < says_b
     # the case found: killed once index.json names B (and a sample of every other point)
     points = sorted({1, said_a, said_a + 1, index_step + 1, says_b, says_b + 1, steps,
                      *random.Random(12).sample(range(1, steps + 1), min(8, steps))})  # fmt: skip
@@ -97,9 +132,13 @@ def test_a_killed_build_never_leaves_a_folder_called_current(
         held = folder_image(out)  # checks that all in the folder agrees with what it says
         want = image_a if at <= said_a else None if at <= says_b else image_b
         assert held == want, (at, held)
+        names_only_whole_images(out)
         if held is None:  # and the folder's readers say so
             refused = cli("load", out)
             assert refused.exit_code == 2 and "unfinished build" in refused.stderr, at
+            if (out / "docker-archive.tar").exists():
+                refused = cli("load", out / "docker-archive.tar")
+                assert refused.exit_code == 2 and "unfinished build" in refused.stderr, at
         after = cli(*build_args(repo, spec_a, out))
         assert after.exit_code == 0, (at, after.stderr)
         assert after.stdout.strip() == image_a
@@ -368,3 +407,101 @@ def test_two_builds_into_one_folder_take_turns(
     assert held in printed
     root = Store(repo / "store").get_root(output_root_name(out))
     assert root is not None and root.image == held
+
+
+def test_builds_with_different_stores_into_one_folder_take_turns(
+    repo: Path, two_specs: tuple[Path, Path], cli: Build
+) -> None:
+    """The folder's lock was in the store: two builds with different stores wrote one folder at
+    once (4 of 12 failed: "cannot write docker-archive.tar: No such file or directory", one
+    build's sweep removing the other's temp file). The lock is in the folder now: a build of
+    B is held while it writes the docker archive, a build of A with another store into the
+    same folder waits for it, and both finish with the folder whole."""
+    spec_a, spec_b = two_specs
+    out = repo / "out"
+    stores = {spec_a: repo / "store-a", spec_b: repo / "store-b"}
+
+    def args(spec: Path, into: Path) -> list[str]:
+        return ["build", "--store", str(stores[spec]), "--output", str(into), str(spec)]
+
+    for spec in stores:  # each store gets its layers first
+        assert cli(*args(spec, repo / f"warm-{spec.stem}")).exit_code == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    log = repo / "steps.log"
+    counted = subprocess.run(
+        [sys.executable, str(KILLPOINT), "0", *args(spec_b, repo / "counted")],
+        env={**env, "KILLPOINT_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert counted.returncode == 0, counted.stderr
+    writing = next(  # a step while the archive's temp file is being written
+        int(x.split()[0]) for x in log.read_text().splitlines() if x.split()[1] == "tar-buffer"
+    )
+    marker = repo / "paused"
+    held = subprocess.Popen(
+        [sys.executable, str(KILLPOINT), "0", *args(spec_b, out)],
+        env={**env, "KILLPOINT_PAUSE": f"{writing}:{marker}:5"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert held.poll() is None and time.monotonic() < deadline, held.communicate()
+        time.sleep(0.05)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "envbuild", *args(spec_a, out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    printed = set()
+    for child in (held, other):
+        stdout, stderr = child.communicate(timeout=300)
+        assert child.returncode == 0, stderr
+        printed.add(stdout.strip().splitlines()[-1] if stdout.strip() else "")
+    assert folder_image(out) in printed  # whole, and one of the two
+    names_only_whole_images(out)
+    for _ in range(3):  # and started at once, as a user would
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-m", "envbuild", *args(spec, out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for spec in stores
+        ]
+        printed = set()
+        for child in children:
+            stdout, stderr = child.communicate(timeout=300)
+            assert child.returncode == 0, stderr
+            printed.add(stdout.strip())
+        assert folder_image(out) in printed and len(printed) == 2
+        names_only_whole_images(out)
+
+
+def test_nothing_in_an_unfinished_folder_is_loaded(tmp_path: Path) -> None:
+    """`load DIR` of an unfinished folder was refused, `load DIR/docker-archive.tar` was not."""
+    from envbuild.build.load import find_archive
+    from envbuild.errors import InputFileError
+
+    out = tmp_path / "out"
+    (out / "oci" / "blobs" / "sha256").mkdir(parents=True)
+    archive = out / "docker-archive.tar"
+    archive.write_bytes(b"")
+    blob = out / "oci" / "blobs" / "sha256" / ("0" * 64)
+    blob.write_bytes(b"")
+    for path in (out, archive, blob):
+        with pytest.raises(InputFileError, match="unfinished build"):
+            find_archive(path)
+    (out / "build-manifest.json").write_text("{}")
+    assert find_archive(out) == archive and find_archive(archive) == archive
+    alone = tmp_path / "elsewhere" / "image.tar"  # a tar outside any output folder
+    alone.parent.mkdir()
+    alone.write_bytes(b"")
+    assert find_archive(alone) == alone

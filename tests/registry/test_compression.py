@@ -202,8 +202,13 @@ def test_load_works_with_any_engine_and_says_what_it_cannot_pull(
     cli: Cli, layout: Path, docker_host: str, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setenv("DOCKER_HOST", docker_host)
-    # the folder has no build manifest (no build made it), so its archive is named directly
-    archive = layout / "docker-archive.tar"
+    # the folder has no build manifest (no build made it): nothing in it is loaded, so the
+    # archive is loaded from a link outside it
+    refused = cli("load", layout / "docker-archive.tar")
+    assert refused.exit_code == 2 and "unfinished build" in refused.stderr
+    archive = layout.parent / "hello.tar"
+    if not archive.exists():
+        os.link(layout / "docker-archive.tar", archive)
     loaded = cli("load", archive, "--json")
     assert loaded.exit_code == 0, loaded.stderr
     data = loaded.json()

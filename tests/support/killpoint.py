@@ -3,6 +3,7 @@ no ``finally``) at the N-th file-system step of writing the output folder.
 
     python tests/support/killpoint.py N build --output X SPEC   # N = 0: never; prints the count
     KILLPOINT_PAUSE=N:FILE python tests/support/killpoint.py 0 build …   # wait at step N
+    KILLPOINT_PAUSE=N:FILE:S …   # wait S seconds there, then go on
 
 The steps counted, from the moment the image stage starts writing the folder: every
 ``os.replace``, ``os.rename``, ``os.link``, ``os.unlink``, ``os.fsync``, ``os.mkdir`` and every
@@ -37,8 +38,12 @@ state = {"steps": 0, "armed": False, "paused": False}
 
 
 LOG = os.environ.get("KILLPOINT_LOG")
-#: ``N:FILE``: at step N, create FILE and wait there for a signal (a test sends SIGKILL or SIGINT)
+#: ``N:FILE``: at step N, create FILE and wait there for a signal (a test sends SIGKILL or SIGINT);
+#: ``N:FILE:S``: wait S seconds there, then go on
 PAUSE = os.environ.get("KILLPOINT_PAUSE", "")
+_PARTS = PAUSE.split(":")
+PAUSE_AT, PAUSE_FILE = [*_PARTS, ""][:2] if PAUSE else ["0", ""]
+PAUSE_FOR = _PARTS[2] if len(_PARTS) > 2 else "60"
 
 
 def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,14 +55,14 @@ def count(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             if (
                 PAUSE
                 and not state["paused"]
-                and state["steps"] >= int(PAUSE.split(":", 1)[0])
+                and state["steps"] >= int(PAUSE_AT)
                 and threading.current_thread() is threading.main_thread()
             ):
                 # in the main thread only, where a signal lands: a pause in a worker thread
                 # would hold the process's exit after Ctrl-C for the whole sleep
                 state["paused"] = True
-                open(PAUSE.split(":", 1)[1], "w").close()
-                time.sleep(60)
+                open(PAUSE_FILE, "w").close()
+                time.sleep(float(PAUSE_FOR))
             if LOG:
                 with open(LOG, "a") as f:
                     f.write(f"{state['steps']} {name} {' '.join(map(str, args[:2]))}\n")

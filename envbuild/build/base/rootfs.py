@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from envbuild import oci
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarread import (
     Readable,
@@ -182,7 +183,9 @@ def import_image(
         compression = compression_of(media_type)
         if not blob_path(digest).is_file():
             raise ManifestError(f"{where}: layer {i} ({digest}) is missing")
-        stored = store.add_file(blob_path(digest), expected=digest)
+        # its size, its format (by its first bytes) against its descriptor, before it is read
+        with oci.open_blob(blob_path(digest), oci.Descriptor.from_json(desc, Path(where))) as f:
+            stored = store.add_stream(f, expected=digest)
         tree.where = f"{where} layer {i} ({digest})"
         if i:
             tree.next_layer()

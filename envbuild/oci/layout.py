@@ -6,7 +6,7 @@ referrer such as an SBOM, listed with its ``artifactType``, is not one); :func:`
 picks one entry (by digest, by ref name, or the only image); :func:`open_layout` follows it,
 through an index to one platform when asked, to a :class:`LayoutImage`: the manifest's descriptor
 and document and the descriptors of its config and layers. :meth:`LayoutImage.read_config`
-reads the config; :func:`verify_layout` checks every blob the manifest names.
+reads the config. Reading a blob itself (a layer) is :mod:`envbuild.oci.blobs`'.
 
 A layout is untrusted input, so reading is total and bounded. Each JSON document is read from a
 regular file (a symlink is followed only to one; a fifo or device is refused without blocking),
@@ -16,6 +16,7 @@ or media type, a digest that is not ``sha256:<64 hex>`` or a size past the bound
 :class:`~envbuild.errors.InputFileError` (exit 2) naming the file; bytes that differ from the
 size or digest they were listed under are an :class:`~envbuild.errors.IntegrityError` (exit 3:
 the layout is damaged, as a download that does not match its digest is). Nothing else escapes.
+
 """
 
 from __future__ import annotations
@@ -274,20 +275,6 @@ def open_layout(
     raise InputFileError(root, f"has indexes nested more than {MAX_DEPTH} deep")
 
 
-def verify_layout(image: LayoutImage) -> None:
-    """Check the size and sha256 of every blob ``image`` references, reading each once."""
-    for desc in image.blobs:
-        path = image.blob_path(desc)
-        with _open_regular(path, image.root) as f:
-            if os.fstat(f.fileno()).st_size != desc.size:
-                raise _mismatch(path, desc.digest)
-            h = hashlib.sha256()
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        if f"sha256:{h.hexdigest()}" != desc.digest:
-            raise _mismatch(path, desc.digest)
-
-
 def _image(root: Path, desc: Descriptor, doc: dict[str, Any], where: Path) -> LayoutImage:
     if not isinstance(doc.get("config"), dict):
         raise InputFileError(where, "is an image manifest without a config descriptor")
@@ -362,13 +349,13 @@ def _read_file(
     return data
 
 
-def _open_regular(path: Path, layout: Path) -> IO[bytes]:
+def _open_regular(path: Path, layout: Path, digest: str = "") -> IO[bytes]:
     """``path`` opened for reading, refused (without blocking on a fifo) unless it is a regular
     file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise _missing(path, layout) from None
+        raise _missing(path, layout, digest) from None
     except OSError as exc:
         raise InputFileError(path, f"cannot be read: {exc.strerror or exc}") from None
     try:
@@ -380,7 +367,11 @@ def _open_regular(path: Path, layout: Path) -> IO[bytes]:
         raise
 
 
-def _missing(path: Path, layout: Path) -> InputFileError:
+def _missing(path: Path, layout: Path, digest: str = "") -> InputFileError:
+    if digest and path.parent == layout:  # a folder of blobs (skopeo's dir:)
+        return InputFileError(
+            layout, f"is incomplete: blob {digest} is missing", hint="pull it again"
+        )
     if path.parent == layout:
         return InputFileError(
             layout,
@@ -391,6 +382,17 @@ def _missing(path: Path, layout: Path) -> InputFileError:
         layout,
         f"is incomplete: blob sha256:{path.name} is missing",
         hint="write or pull the layout again",
+    )
+
+
+def _size_mismatch(
+    path: Path, desc: Descriptor, which: str, actual: int | None = None
+) -> IntegrityError:
+    has = f"is {actual} bytes" if actual is not None else f"has {which} bytes"
+    return IntegrityError(
+        f"{path}: does not match its digest {desc.digest}: it {has}, its descriptor says "
+        f"{desc.size}",
+        hint="the layout is corrupt, or its manifest lists a wrong size: pull or build it again",
     )
 
 
