@@ -57,14 +57,12 @@ def add_builder_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "build",
-        help="build the OCI image of a spec from its lock (no Docker daemon)",
-        description="Build SPEC's image from its lock: a base, the venv, one layer per big "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Build SPEC's image from its lock: a base, the venv, one layer per big "
         "distribution, grouped small ones, vLLM on top. Unchanged layers come from the store. "
         "Writes images/<spec>/ (OCI layout, docker-load archive, build-manifest.json) and "
-        "prints the image digest last.",
+        "prints the image digest last."
     )
     p.add_argument(
         "spec", metavar="SPEC", nargs="?", default=DEFAULT_SPEC, help=f"default: {DEFAULT_SPEC}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.ci import human_size
 from envbuild.cli import render
@@ -56,15 +55,13 @@ def describe_push(result: PushResult) -> list[str]:
     return out
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "push",
-        help="push an OCI image layout to a registry (blobs it has are not sent again)",
-        description="Push the image in the OCI layout DIR to REGISTRY/REPO:TAG. Blobs the "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Push the image in the OCI layout DIR to REGISTRY/REPO:TAG. Blobs the "
         "registry already has are not uploaded again; the digest the registry reports is "
         "checked against the layout's. Credentials come from the Docker config "
         "($DOCKER_CONFIG, ~/.docker/config.json) or the containers auth file "
-        "($REGISTRY_AUTH_FILE).",
+        "($REGISTRY_AUTH_FILE)."
     )
     p.add_argument(
         "layout",

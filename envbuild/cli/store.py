@@ -36,12 +36,10 @@ def _store_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "store",
-        help="source builds and patched wheels: plan, add a wheel built elsewhere, list, locate",
-        description="Source builds (flash-attn …) and patched wheels are derivations in the store, "
-        "keyed by every input. These commands show and manage them.",
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Source builds (flash-attn …) and patched wheels are derivations in the store, "
+        "keyed by every input. These commands show and manage them."
     )
     group = p.add_subparsers(dest="store_command", metavar="STORE_COMMAND", required=True)
 
