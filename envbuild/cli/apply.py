@@ -18,7 +18,7 @@ from envbuild.apply.wheels import StoreWheels
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.registry import get_transport
 from envbuild.store.remote import CachedStore, CacheStats

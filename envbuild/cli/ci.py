@@ -11,7 +11,7 @@ from envbuild.cli import render
 from envbuild.cli.build import add_builder_args, add_compression_arg
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
 from envbuild.registry import compat as engines
 from envbuild.registry import get_transport, parse_repo

@@ -8,7 +8,7 @@ from pathlib import Path
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.registry import get_transport, parse_ref, pull
 

@@ -8,35 +8,10 @@ from pathlib import Path
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
+from envbuild.registry import PushResult, get_transport, parse_ref, push
 from envbuild.registry import compat as engines
-
-
-def add_registry_args(p: argparse.ArgumentParser) -> None:
-    """Options every command that talks to a registry shares."""
-    g = p.add_argument_group("registry connection")
-    g.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow plain HTTP and unverified TLS (a loopback or lab registry)",
-    )
-    g.add_argument(
-        "--cert-dir",
-        type=Path,
-        metavar="DIR",
-        help="trust the CA certificates DIR/*.crt (default: /etc/containers/certs.d/HOST)",
-    )
-    g.add_argument(
-        "--transport",
-        choices=("auto", "skopeo", "docker"),
-        default="auto",
-        help="copy with skopeo (default when installed) or through a Docker engine",
-    )
-
-
-def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
-    return Endpoint(insecure=args.insecure, cert_dir=args.cert_dir)
 
 
 def describe_push(result: PushResult) -> list[str]:
