@@ -165,9 +165,9 @@ def test_a_build_killed_in_the_folder_leaves_no_fast_no_op(
         held = folder_image(out)
         done, fast = fresh_build(repo, spec, out)
         assert done.returncode == 0, done.stderr
-        if held is None:  # killed once B's build said the folder is changing
+        if held is None:  # killed after B's build removed the manifest
             emptied += 1
             assert not fast, at
         assert folder_image(out) == image
         assert fresh_build(repo, spec, out)[1]
-    assert emptied == 2
+    assert emptied >= 1  # the last step is the manifest: killed before it, the folder is empty
