@@ -11,6 +11,7 @@ from envbuild.oci.blobs import (
     verify_layout,
 )
 from envbuild.oci.layout import (
+    COMPRESSION,
     DIGEST_RE,
     DOCKER_MANIFEST,
     DOCKER_MANIFEST_LIST,
@@ -25,6 +26,7 @@ from envbuild.oci.layout import (
     OCI_MANIFEST,
     REF_NAME,
     TITLE,
+    Compression,
     Descriptor,
     Index,
     LayoutImage,
@@ -35,6 +37,7 @@ from envbuild.oci.layout import (
 )
 
 __all__ = [
+    "COMPRESSION",
     "DIGEST_RE",
     "DOCKER_MANIFEST",
     "DOCKER_MANIFEST_LIST",
@@ -50,6 +53,7 @@ __all__ = [
     "REF_NAME",
     "TITLE",
     "BlobStream",
+    "Compression",
     "Descriptor",
     "Index",
     "LayoutImage",
