@@ -189,6 +189,17 @@ class ToolFailed(EnvironmentFailure):
         return out
 
 
+class RemovalRefused(EnvironmentFailure):
+    """envbuild would have removed a folder with another file system mounted in it (a bind of
+    the host's /dev/shm in a chroot a killed build left): nothing across the mount is touched.
+    ``path`` is the folder, ``mount`` the mount point (or other device) found in it."""
+
+    def __init__(self, message: str, *, hint: str | None, path: str, mount: str) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.mount = mount
+
+
 class IntegrityError(EnvironmentFailure):
     """Bytes did not match the digest they were promised under (download, blob, registry)."""
 

@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -41,6 +40,12 @@ log = logging.getLogger(__name__)
 
 ENV = "ENVBUILD_SCRATCH"
 PREFIX = "envbuild-"
+#: The kind of folder mmdebstrap's chroot is made in (its TMPDIR): in memory ``envbuild-chroot-*``,
+#: in the store's scratch space ``chroot-*``. A chroot's mounts (the host's /dev, /dev/shm,
+#: /proc, /sys bound in) are what a killed mmdebstrap leaves: removing such a folder detaches
+#: them first (:func:`envbuild.fsio.rmtree`'s ``unmount``); any other folder with a mount in it
+#: is refused.
+CHROOT = "chroot-"
 #: A folder of this prefix older than this (seconds) and locked by no one was left by a build
 #: that was killed: the next :func:`folder` on that parent removes it.
 STALE_AFTER = 60.0
@@ -123,8 +128,10 @@ def folder(prefix: str, needed: int) -> Iterator[Path | None]:
         try:
             yield path
         finally:
-            shutil.rmtree(path, ignore_errors=True)
-            os.close(held)
+            try:
+                rmtree(path, unmount=prefix == CHROOT)
+            finally:
+                os.close(held)
     finally:
         _ledger.give(needed)
 
@@ -135,13 +142,13 @@ def _hold(path: Path) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+        rmtree(path)
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
         os.close(fd)
-        shutil.rmtree(path, ignore_errors=True)
+        rmtree(path)
         raise
     return fd
 
@@ -195,8 +202,10 @@ def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        rmtree(path)
-        os.close(held)
+        try:
+            rmtree(path)
+        finally:
+            os.close(held)
 
 
 def sweep() -> int:
@@ -239,7 +248,9 @@ def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
             os.close(fd)
             continue
         log.info("removing %s, left by a build that did not finish", entry.path)
-        rmtree(Path(entry.path))
-        os.close(fd)
+        try:
+            rmtree(Path(entry.path), unmount=entry.name.startswith(PREFIX + CHROOT))
+        finally:
+            os.close(fd)
         removed += 1
     return removed

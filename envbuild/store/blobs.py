@@ -36,6 +36,7 @@ from typing import IO, Self
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir, rmtree
 from envbuild.oci import DIGEST_RE
+from envbuild.scratch import CHROOT
 from envbuild.store.stamps import Stamps
 
 log = logging.getLogger(__name__)
@@ -356,7 +357,7 @@ class BlobStore:
             try:
                 yield path
             finally:
-                rmtree(path)
+                rmtree(path, unmount=prefix.startswith(CHROOT))
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Atomically write a small metadata file (temp in tmp/, fsync, rename)."""
