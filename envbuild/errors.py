@@ -28,6 +28,22 @@ class ExitCode:
     INTERRUPTED = 130
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped envbuild: its children were stopped with it
+    (:func:`envbuild.proc.stopping_on_signals`) and it exits with 128 + the signal's number
+    (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process the signal
+    killed. A KeyboardInterrupt, so that what undoes a half-done step on Ctrl-C runs for each."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class Severity(StrEnum):
     ERROR = "error"
     WARNING = "warning"

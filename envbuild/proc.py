@@ -5,6 +5,13 @@ argv with secrets redacted, captures output (or streams it to the log when asked
 :class:`~envbuild.errors.ToolFailed` quoting the tool's own words when the command fails. A child's
 environment is :func:`child_env` (the caller's, without what redirects Python) or, for uv,
 :func:`uv_env` (cleaned: only what uv needs, and what may change a result given explicitly).
+
+No child outlives envbuild: each starts in a process group of its own (what it starts, apt
+under mmdebstrap, stays in it) and is tracked while it runs. The CLI runs a command inside
+:func:`stopping_on_signals`: SIGTERM, SIGINT or SIGHUP then stops every child's group
+(SIGTERM, SIGKILL after :data:`STOP_GRACE`), refuses new ones, and raises
+:class:`~envbuild.errors.Interrupted` in the main thread, so that the ``finally`` blocks remove
+what the children left (a chroot's mounts included: :func:`envbuild.fsio.rmtree`).
 """
 
 from __future__ import annotations
@@ -15,15 +22,18 @@ import fcntl
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
-from envbuild.errors import ToolFailed, ToolNotFound
+from envbuild.errors import Interrupted, ToolFailed, ToolNotFound
 
 log = logging.getLogger(__name__)
 
@@ -176,51 +186,42 @@ def run(
     shown = tuple(_redact(a) for a in argv)
     name = tool or Path(shown[0]).name
     log.debug("running: %s", " ".join(shown))
+    popen: dict[str, Any] = {
+        "cwd": cwd,
+        "env": dict(env) if env is not None else None,
+        "stdin": subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT if stream else subprocess.PIPE,
+        "text": True,
+        "errors": "replace",
+    }
+    spawned = False
     try:
-        if stream:
-            tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-            chunks: list[str] = []
-            with subprocess.Popen(
-                real,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            ) as proc:
+        with started(real, **popen) as child:
+            spawned = True
+            if stream:
+                tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+                chunks: list[str] = []
                 if input is not None:
-                    assert proc.stdin is not None
-                    proc.stdin.write(input)
-                    proc.stdin.close()
-                assert proc.stdout is not None
-                for line in proc.stdout:
+                    assert child.stdin is not None
+                    child.stdin.write(input)
+                    child.stdin.close()
+                assert child.stdout is not None
+                for line in child.stdout:
                     chunks.append(line)
                     tail.append(line)
                     log.debug("%s: %s", name, line.rstrip("\n"))
                     if on_line is not None:  # a streamed line, e.g. for a progress report
                         on_line(line)
-                returncode = proc.wait(timeout=timeout)
-            stdout, stderr = "".join(chunks), ""
-            tail_text = "".join(tail)
-        else:
-            done = subprocess.run(
-                real,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                input=input,
-                stdin=None if input is not None else subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                check=False,
-            )
-            returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
-            tail_text = _tail(stderr if stderr.strip() else stdout)
+                returncode = child.wait(timeout=timeout)
+                stdout, stderr = "".join(chunks), ""
+                tail_text = "".join(tail)
+            else:
+                stdout, stderr = child.communicate(input, timeout=timeout)
+                returncode = child.returncode
+                tail_text = _tail(stderr if stderr.strip() else stdout)
     except FileNotFoundError as exc:
-        if exc.filename in (real[0], None):
+        if not spawned and exc.filename in (real[0], None):
             raise ToolNotFound(name, hint=hint) from exc
         raise
     except subprocess.TimeoutExpired as exc:
@@ -230,6 +231,151 @@ def run(
     if check and returncode != 0:
         raise ToolFailed(name, shown, returncode, tail_text, hint=hint)
     return Completed(shown, returncode, stdout, stderr)
+
+
+#: How long a stopped child's process group has to exit after SIGTERM before SIGKILL.
+STOP_GRACE = 3.0
+#: The signals that stop envbuild and its children (:func:`stopping_on_signals`).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Children:
+    """The children this process started and has not waited for yet, and whether a signal is
+    stopping it (then no new child starts)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # a signal's handler runs in the main thread, maybe inside
+        self.live: dict[int, subprocess.Popen[Any]] = {}
+        self.stopping: Interrupted | None = None
+        self.owner = os.getpid()  # a forked worker inherits the table, not the children
+
+
+_children = _Children()
+
+
+@contextlib.contextmanager
+def started(argv: Sequence[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """Start ``argv`` (``popen``: :class:`subprocess.Popen`'s arguments) in a process group of
+    its own, tracked until it has been waited for; an exception in the block stops its group
+    (SIGTERM, then SIGKILL) before it is waited for. Raises the stopping signal's
+    :class:`Interrupted` instead of starting anything once a signal is stopping envbuild."""
+    with _children.lock:
+        if _children.stopping is not None:
+            raise _children.stopping
+        child = subprocess.Popen(argv, process_group=0, **popen)
+        _children.live[child.pid] = child
+    try:
+        with child:  # closes its pipes and waits for it
+            try:
+                yield child
+            except BaseException:
+                if child.poll() is None or _group_alive(child.pid):  # or what it started
+                    _stop([child])
+                raise
+    finally:
+        with _children.lock:
+            _children.live.pop(child.pid, None)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _running_groups(groups: Sequence[int]) -> set[int]:
+    """Which of the process groups ``groups`` still have a member that is not a zombie (an
+    orphan's zombie waits for init to reap it, which may take a while in a container)."""
+    wanted, running = set(groups), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) in wanted and fields[0] not in (b"Z", b"X"):
+            running.add(int(fields[2]))
+    return running
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _stop(children: Sequence[subprocess.Popen[Any]], grace: float = STOP_GRACE) -> None:
+    """SIGTERM to each child's process group, SIGKILL to what is left of them after ``grace``
+    seconds; returns once nothing of them runs (the children reaped here or by their owner)."""
+    groups = [c.pid for c in children]  # each child leads its own group (started)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while True:
+        for child in children:
+            child.poll()  # reaps a leader that exited
+        left = _running_groups(groups)
+        if not left:
+            break
+        if time.monotonic() >= deadline:
+            for pgid in sorted(left):
+                log.warning("process group %d did not stop within %.0f s: killed", pgid, grace)
+                _signal_group(pgid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=grace)
+
+
+def stop_children(reason: Interrupted) -> None:
+    """Stop every child this process started (and refuse new ones with ``reason``)."""
+    with _children.lock:
+        if _children.stopping is None:
+            _children.stopping = reason
+        children = list(_children.live.values())
+    if children:
+        log.info("stopping %d child process(es): %s", len(children), reason.name)
+        _stop(children)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    reason = Interrupted(signum, signal.Signals(signum).name)
+    if os.getpid() != _children.owner:  # a forked worker (snapshot's hashing): its parent stops it
+        raise reason
+    first = _children.stopping is None
+    stop_children(reason)
+    if first:  # a second signal while envbuild cleans up only stops what started since
+        raise reason
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """While the block runs, SIGTERM, SIGINT and SIGHUP stop every child (:func:`stop_children`)
+    and raise :class:`Interrupted` in the main thread (the CLI exits with 128 + the signal).
+    A signal ignored when envbuild started (``nohup``, a background job's SIGINT) stays ignored;
+    outside the main thread nothing is installed (Python delivers signals to it alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in STOP_SIGNALS:
+        old = signal.getsignal(signum)
+        if old is not signal.SIG_IGN:
+            previous[signum] = old
+            signal.signal(signum, _on_signal)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+        with _children.lock:
+            _children.stopping = None
 
 
 def _tail(text: str, lines: int = TAIL_LINES) -> str:
@@ -278,25 +424,29 @@ def _piped(
     name = tool or Path(shown[0]).name
     log.debug("running: %s", " ".join(shown))
     with tempfile.TemporaryFile() as errfile:
+        spawned = False
         try:
-            child = subprocess.Popen(
+            with started(
                 real,
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=errfile,
                 env=dict(env) if env is not None else None,
                 bufsize=bufsize,
-            )
+            ) as child:
+                spawned = True
+
+                def check(returncode: int) -> None:
+                    if returncode != 0:
+                        errfile.seek(0)
+                        tail = _tail(errfile.read().decode(errors="replace"))
+                        raise ToolFailed(name, shown, returncode, tail, hint=hint)
+
+                yield child, check
         except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
-
-        def check(returncode: int) -> None:
-            if returncode != 0:
-                errfile.seek(0)
-                tail = _tail(errfile.read().decode(errors="replace"))
-                raise ToolFailed(name, shown, returncode, tail, hint=hint)
-
-        yield child, check
+            if not spawned and exc.filename in (real[0], None):
+                raise ToolNotFound(name, hint=hint) from exc
+            raise
 
 
 @contextlib.contextmanager

@@ -14,9 +14,9 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from envbuild import __version__
+from envbuild import __version__, proc
 from envbuild.cli import render
-from envbuild.errors import EnvbuildError, ExitCode, SpecError
+from envbuild.errors import EnvbuildError, ExitCode, Interrupted, SpecError
 
 #: Commands, in the order ``--help`` lists them; each is ``envbuild.cli.<name>``.
 COMMANDS: tuple[str, ...] = (
@@ -51,6 +51,7 @@ exit codes:
   2  bad input or usage (the message names the file, key and fix)
   3  the environment failed (missing tool, network, engine, disk)
   4  internal error (rerun with -v and report it)
+  128+N  stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), its children with it
 """
 
 
@@ -110,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
     try:
-        return int(args.func(args))
+        with proc.stopping_on_signals():  # SIGTERM/SIGINT/SIGHUP stop the children, then envbuild
+            return int(args.func(args))
     except EnvbuildError as exc:
         if isinstance(exc, SpecError):
             render.problem_lines(exc.lines())
@@ -122,10 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             render.emit_json_error(exc, exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        render.error_lines(["interrupted"])
+        signalled = exc if isinstance(exc, Interrupted) else None
+        code = signalled.exit_code if signalled else ExitCode.INTERRUPTED
+        render.error_lines([f"interrupted ({signalled.name})" if signalled else "interrupted"])
         if as_json:
-            render.emit_json_error(exc, ExitCode.INTERRUPTED)
-        return ExitCode.INTERRUPTED
+            render.emit_json_error(exc, code)
+        return code
     except Exception as exc:
         if args.verbose:
             traceback.print_exc(file=sys.stderr)

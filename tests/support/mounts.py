@@ -29,6 +29,7 @@ class Mounts:
 
     def __init__(self) -> None:
         self.made: list[Path] = []
+        self.watched: list[Path] = []
 
     def _mount(self, argv: list[str], point: Path) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -43,7 +44,13 @@ class Mounts:
         options = f"size={size},mode=0755"
         self._mount(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(dst)], dst)
 
+    def also_under(self, path: Path) -> None:
+        """Undo too what a program under test mounts beneath ``path`` (and fails to undo)."""
+        self.watched.append(path)
+
     def undo(self) -> None:
+        for top in self.watched:
+            self.made.extend(Path(p) for p in mounted_under(top))
         for point in reversed(self.made):
             while _mounted(point):
                 if subprocess.run(["umount", "-l", str(point)], check=False).returncode != 0:
