@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from envbuild.errors import Interrupted, ToolFailed, ToolNotFound
+from envbuild.errors import Interrupted, ToolFailed, ToolNotFound, failure_hint
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,14 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     hint: str | None = None,
+    on_failure: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run ``argv`` and return its output.
+
+    ``hint`` says how to get the tool when it is not there (:class:`ToolNotFound`). A failure's
+    hint follows from the failure (:func:`~envbuild.errors.failure_hint`: its exit status and
+    last lines), else ``on_failure`` (what the caller knows a failure of this call means).
 
     ``stream=True`` sends each output line to the ``envbuild.proc`` logger at DEBUG level as it
     comes (stderr merged into stdout), for long commands whose progress a verbose user wants to see.
@@ -229,7 +234,8 @@ def run(
             name, shown, -1, "", summary=f"{name} did not finish within {timeout:.0f} s"
         ) from exc
     if check and returncode != 0:
-        raise ToolFailed(name, shown, returncode, tail_text, hint=hint)
+        why = failure_hint(returncode, tail_text) or on_failure
+        raise ToolFailed(name, shown, returncode, tail_text, hint=why)
     return Completed(shown, returncode, stdout, stderr)
 
 
@@ -440,7 +446,8 @@ def _piped(
                     if returncode != 0:
                         errfile.seek(0)
                         tail = _tail(errfile.read().decode(errors="replace"))
-                        raise ToolFailed(name, shown, returncode, tail, hint=hint)
+                        why = failure_hint(returncode, tail)
+                        raise ToolFailed(name, shown, returncode, tail, hint=why)
 
                 yield child, check
         except FileNotFoundError as exc:
