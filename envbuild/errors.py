@@ -278,6 +278,25 @@ def failure_hint(returncode: int, output: str) -> str | None:
     return None
 
 
+class NoSpace(EnvironmentFailure):
+    """A file system is full (or a quota reached): names the folder, the room left there and,
+    when known, the room needed (bytes; None: unknown)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        folder: str,
+        available: int | None,
+        needed: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.folder = folder
+        self.available = available
+        self.needed = needed
+
+
 class IntegrityError(EnvironmentFailure):
     """Bytes did not match the digest they were promised under (download, blob, registry)."""
 

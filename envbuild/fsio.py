@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from envbuild.errors import EnvironmentFailure, OutputError, RemovalRefused
+from envbuild.errors import NoSpace, OutputError, RemovalRefused
 
 log = logging.getLogger(__name__)
 
@@ -330,9 +330,48 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
+#: The errors of a full file system (or a reached quota).
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def no_space(
+    folder: Path | str, *, doing: str, needed: int | None = None, hint: str | None = None
+) -> NoSpace:
+    """The :class:`NoSpace` for ``folder`` (or the nearest existing folder above it) while
+    ``doing`` something: how much room its file system has left, and ``needed`` when known."""
+    where = Path(folder)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        fs = os.statvfs(where)
+    except OSError:
+        available, room = None, "its free space unknown"
+    else:
+        available = fs.f_bavail * fs.f_frsize
+        room = f"{human_bytes(available)} free of {human_bytes(fs.f_blocks * fs.f_frsize)}"
+    want = f", {human_bytes(needed)} needed" if needed is not None else ""
+    return NoSpace(
+        f"no space left in {folder} while {doing} ({room}{want})",
+        folder=str(folder),
+        available=available,
+        needed=needed,
+        hint=hint
+        or f"free space on the file system of {where}, or point envbuild elsewhere "
+        "(TMPDIR for temporary files, --store / ENVBUILD_STORE for the store)",
+    )
+
+
 def _output_error(path: Path, exc: OSError) -> Exception:
-    if exc.errno == errno.ENOSPC:
-        return EnvironmentFailure(f"{path}: no space left on device", hint="free disk space")
+    if exc.errno in NO_SPACE:
+        return no_space(path.parent, doing=f"writing {path.name}")
     reason = exc.strerror or str(exc)
     return OutputError(
         f"cannot write {path}: {reason}",

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from envbuild.errors import UsageError
-from envbuild.fsio import rmtree
+from envbuild.fsio import NO_SPACE, no_space, rmtree
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,24 @@ TEMP_KINDS: dict[str, str | None] = {
 
 def _kind_root(kind: str) -> Path:
     fixed = TEMP_KINDS[kind]
-    return Path(fixed) if fixed else Path(tempfile.gettempdir())
+    return Path(fixed) if fixed else system_temp()
+
+
+def system_temp() -> Path:
+    """The system's temporary folder ($TMPDIR, else /tmp, /var/tmp …: tempfile's choice, which
+    writes a small file to each to try it). None usable (a full disk) raises
+    :class:`~envbuild.errors.NoSpace` naming the first and its room, not tempfile's bare
+    FileNotFoundError."""
+    try:
+        return Path(tempfile.gettempdir())
+    except FileNotFoundError as exc:
+        wanted = os.environ.get("TMPDIR") or "/tmp"
+        raise no_space(
+            wanted,
+            doing="making a temporary folder; /tmp, /var/tmp and the current folder have no "
+            "room either",
+            hint="free space there, or set TMPDIR to a folder with room",
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -197,7 +214,12 @@ def beside(dest: Path, kind: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     _sweep(parent, (prefix,))
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise no_space(parent, doing=f"making a folder {prefix}*") from exc
+        raise
     held = _hold(path)
     try:
         yield path

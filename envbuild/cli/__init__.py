@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from envbuild import __version__, proc
 from envbuild.cli import render
-from envbuild.errors import EnvbuildError, ExitCode, Interrupted, SpecError
+from envbuild.errors import EnvbuildError, EnvironmentFailure, ExitCode, Interrupted, SpecError
 
 #: Commands, in the order ``--help`` lists them; each is ``envbuild.cli.<name>``.
 COMMANDS: tuple[str, ...] = (
@@ -91,6 +93,19 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _full_disk(exc: OSError) -> EnvbuildError | None:
+    """A full disk (or quota) wherever it struck is the environment's failure (exit 3), named
+    with its folder and room, not an internal error."""
+    from envbuild import fsio
+
+    if exc.errno not in fsio.NO_SPACE:
+        return None
+    if not exc.filename:
+        return EnvironmentFailure("no space left on device", hint="free disk space")
+    path = Path(os.fsdecode(exc.filename))
+    return fsio.no_space(path.parent, doing=f"writing {path.name}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(args_in)
@@ -112,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.reset_json()
     try:
         with proc.stopping_on_signals():  # SIGTERM/SIGINT/SIGHUP stop the children, then envbuild
-            return int(args.func(args))
+            try:
+                return int(args.func(args))
+            except OSError as exc:
+                full = _full_disk(exc)
+                if full is None:
+                    raise
+                raise full from exc
     except EnvbuildError as exc:
         if isinstance(exc, SpecError):
             render.problem_lines(exc.lines())
