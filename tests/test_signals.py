@@ -145,3 +145,24 @@ def test_a_signal_to_envbuild_stops_mmdebstrap_and_what_it_started_and_mounted(
     assert list(scratch.iterdir()) == []
     assert (host_shm / "sem.held").read_text() == "in use\n"
     assert stat.S_IMODE(host_shm.stat().st_mode) == 0o1777
+
+
+#: Modules that may start a process without envbuild.proc: the probe runs inside a builder
+#: container (envbuild is not installed there); snapshot's hashing forks workers of its own,
+#: which it kills when interrupted (a signal raises in the parent's main thread).
+OUTSIDE_PROC = {"sourcebuild/container_probe.py", "snapshot/hashing.py"}
+
+
+def test_every_child_is_started_by_proc() -> None:
+    """A child started elsewhere would not be tracked, nor stopped with envbuild."""
+    package = Path(proc.__file__).parent
+    starts = ("subprocess.run(", "subprocess.Popen(", "subprocess.call(", "subprocess.check_",
+              "os.system(", "os.fork(", "os.spawn", "os.posix_spawn", "os.exec")  # fmt: skip
+    found = sorted(
+        f"{path.relative_to(package)}: {word}"
+        for path in package.rglob("*.py")
+        if path != Path(proc.__file__) and str(path.relative_to(package)) not in OUTSIDE_PROC
+        for word in starts
+        if word in path.read_text(encoding="utf-8")
+    )
+    assert found == []
