@@ -1,23 +1,27 @@
 """SIGTERM, SIGINT or SIGHUP to envbuild's pid alone stop its children with it (issue 24: a
 killed `lock` left mmdebstrap running, orphaned, and its chroot's binds of the host mounted).
 
-Real signals to a real `envbuild lock` whose mmdebstrap is a stand-in on PATH that does what
-the real one does first in root mode, as root: it makes its chroot in $TMPDIR, binds the
+Real signals to a real `envbuild lock` or `build`. Its mmdebstrap is a stand-in on PATH that
+does what the real one does in root mode, as root: it makes its chroot in $TMPDIR, binds the
 "host's /dev/shm" (a folder with files) and mounts a tmpfs there, starts a helper process
-(which ignores SIGTERM in the stubborn case: SIGKILL must follow) and waits."""
+(which ignores SIGTERM in the stubborn case: SIGKILL must follow) and waits; or it is the real
+mmdebstrap, its apt waiting on a mirror that accepts and never answers."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from support.mmdebstrap import need_mmdebstrap
 from support.mounts import Mounts, mounted_under, mounts  # noqa: F401
 
 from envbuild import proc
@@ -79,11 +83,17 @@ def _kill_what_is_left(pids: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("signum", "stubborn"),
-    [(signal.SIGTERM, True), (signal.SIGINT, False), (signal.SIGHUP, False)],
-    ids=["SIGTERM-stubborn-helper", "SIGINT", "SIGHUP"],
+    ("command", "signum", "stubborn"),
+    [
+        ("lock", signal.SIGTERM, True),
+        ("lock", signal.SIGINT, False),
+        ("lock", signal.SIGHUP, False),
+        ("build", signal.SIGTERM, False),  # mmdebstrap in the base's thread, zstd beside it
+    ],
+    ids=["lock-SIGTERM-stubborn-helper", "lock-SIGINT", "lock-SIGHUP", "build-SIGTERM"],
 )
 def test_a_signal_to_envbuild_stops_mmdebstrap_and_what_it_started_and_mounted(
+    command: str,
     signum: int,
     stubborn: bool,
     tmp_path: Path,
@@ -109,8 +119,18 @@ def test_a_signal_to_envbuild_stops_mmdebstrap_and_what_it_started_and_mounted(
         "STUBBORN": "1" if stubborn else "",
     }
     mounts.also_under(tmp_path)
+    if command == "build":  # a lock without the base's package set: the build resolves it
+        locked = subprocess.run(
+            [*ENVBUILD, "lock", "--python-only", "specs/s.toml"],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert locked.returncode == 0, locked.stderr
     envbuild = subprocess.Popen(
-        [*ENVBUILD, "-v", "lock", "specs/s.toml"],
+        [*ENVBUILD, "-v", command, "specs/s.toml"],
         cwd=repo,
         env=env,
         stdout=subprocess.PIPE,
@@ -166,3 +186,81 @@ def test_every_child_is_started_by_proc() -> None:
         if word in path.read_text(encoding="utf-8")
     )
     assert found == []
+
+
+def _group_of_child(parent: int) -> int | None:
+    """The process group of ``parent``'s first child (envbuild's mmdebstrap), or None yet."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+                if int(fields[1]) == parent:
+                    return int(fields[2])
+    return None
+
+
+def _running_in_group(pgid: int) -> list[str]:
+    running = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                    running.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return running
+
+
+def test_sigterm_stops_the_real_mmdebstrap_and_its_apt(tmp_path: Path) -> None:
+    need_mmdebstrap()
+    if os.geteuid() != 0:
+        pytest.skip("mmdebstrap's root mode needs root")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    asked = threading.Event()
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # a mirror that takes the connection and never answers
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+                asked.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    repo, scratch = tmp_path / "repo", tmp_path / "scratch"
+    for folder in (repo / ".git", repo / "specs", scratch):
+        folder.mkdir(parents=True)
+    port = server.getsockname()[1]
+    mirror = f'mirror = "http://127.0.0.1:{port}/debian"\npackages = '
+    (repo / "specs" / "s.toml").write_text(SPEC.replace("packages = ", mirror))
+    env = {**os.environ, "ENVBUILD_SCRATCH": str(scratch), "ENVBUILD_STORE": str(tmp_path / "st")}
+    envbuild = subprocess.Popen(
+        [*ENVBUILD, "lock", "specs/s.toml"],
+        cwd=repo,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its group is its own: what it leaves there is killed after
+    )
+    group = None
+    try:
+        assert asked.wait(60), "apt never asked the mirror"
+        group = _group_of_child(envbuild.pid)
+        assert group is not None and group != os.getpgid(envbuild.pid)
+        assert any("apt" in c for c in _running_in_group(group)), _running_in_group(group)
+        envbuild.send_signal(signal.SIGTERM)
+        _out, err = envbuild.communicate(timeout=proc.STOP_GRACE + 15)
+    finally:
+        if envbuild.poll() is None:
+            envbuild.kill()
+            envbuild.communicate()
+        for pgid in {envbuild.pid, group} - {None}:  # what a failing envbuild left running
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.killpg(pgid, signal.SIGKILL)  # type: ignore[arg-type]
+        server.close()
+        for conn in held:
+            conn.close()
+    assert envbuild.returncode == 143, err
+    assert group is not None and _running_in_group(group) == []
+    assert list(scratch.iterdir()) == []
+    assert mounted_under(tmp_path) == []
