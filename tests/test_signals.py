@@ -264,3 +264,28 @@ def test_sigterm_stops_the_real_mmdebstrap_and_its_apt(tmp_path: Path) -> None:
     assert group is not None and _running_in_group(group) == []
     assert list(scratch.iterdir()) == []
     assert mounted_under(tmp_path) == []
+
+
+def test_a_signal_while_the_snapshots_hashing_threads_work_drops_the_files_not_started() -> None:
+    """The main thread runs ``meanwhile`` while the threads hash: a SIGTERM there must not wait
+    for every queued file (a model's 500 GB), only for the one under way."""
+    from envbuild.errors import Interrupted
+    from envbuild.snapshot.hashing import run_jobs
+
+    ran: list[int] = []
+
+    def work(job: int, _buffer: bytearray | None) -> int:
+        ran.append(job)
+        time.sleep(0.05)
+        return job
+
+    def meanwhile() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # to this process: its main thread takes it
+        time.sleep(5)
+
+    started = time.monotonic()
+    with pytest.raises(Interrupted) as stopped, proc.stopping_on_signals():
+        run_jobs(list(range(100)), work, workers=1, processes=False, meanwhile=meanwhile)
+    assert stopped.value.exit_code == 143
+    assert len(ran) <= 3, ran
+    assert time.monotonic() - started < 2
