@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from envbuild import __version__, proc
+from envbuild import __version__
 from envbuild.cli import render
 from envbuild.errors import EnvbuildError, EnvironmentFailure, ExitCode, Interrupted, SpecError
 
@@ -125,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = args.quiet or (as_json and command in ("snapshot", "verify") and not args.verbose)
     handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
+    from envbuild import proc  # here: `envbuild --version` and a usage error need no subprocess
+
     try:
         with proc.stopping_on_signals():  # SIGTERM/SIGINT/SIGHUP stop the children, then envbuild
             try:
