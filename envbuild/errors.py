@@ -13,6 +13,8 @@ Exit 1 is not an error: it means a command found a difference (a stale lock, a d
 
 from __future__ import annotations
 
+import re
+import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +28,22 @@ class ExitCode:
     ENVIRONMENT = 3
     INTERNAL = 4
     INTERRUPTED = 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped envbuild: its children were stopped with it
+    (:func:`envbuild.proc.stopping_on_signals`) and it exits with 128 + the signal's number
+    (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process the signal
+    killed. A KeyboardInterrupt, so that what undoes a half-done step on Ctrl-C runs for each."""
+
+    def __init__(self, signum: int, name: str) -> None:
+        super().__init__(name)
+        self.signum = signum
+        self.name = name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class Severity(StrEnum):
@@ -187,6 +205,96 @@ class ToolFailed(EnvironmentFailure):
         if self.hint:
             out.append(f"hint: {self.hint}")
         return out
+
+
+class RemovalRefused(EnvironmentFailure):
+    """envbuild would have removed a folder with another file system mounted in it (a bind of
+    the host's /dev/shm in a chroot a killed build left): nothing across the mount is touched.
+    ``path`` is the folder, ``mount`` the mount point (or other device) found in it."""
+
+    def __init__(self, message: str, *, hint: str | None, path: str, mount: str) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.mount = mount
+
+
+#: What a failed command's own last lines say, and what that suggests (first match wins). A
+#: failure's hint follows from the failure, never from the tool's name: "install mmdebstrap"
+#: is for a mmdebstrap that is not there (ToolNotFound), not for one that ran and failed.
+TOOL_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), hint)
+    for pattern, hint in (
+        (
+            r"no space left on device|disk quota exceeded",
+            "free disk space where it writes (the store, $TMPDIR, /dev/shm), or point "
+            "ENVBUILD_STORE / TMPDIR elsewhere",
+        ),
+        (
+            r"Unable to locate package|has no installation candidate",
+            "a package of [base] packages is not in that suite and mirror: check its name",
+        ),
+        (
+            r"does not have a Release file|File not found - |404\s+Not Found|Failed to fetch",
+            "the mirror does not serve that suite: check [base] mirror and suite (a URL this "
+            "machine reaches, like http://deb.debian.org/debian)",
+        ),
+        (
+            r"Temporary failure resolving|Could not resolve|Name or service not known",
+            "a host name did not resolve: check the URL, DNS and the proxy (https_proxy)",
+        ),
+        (
+            r"certificate verify failed|SSL certificate problem|self[- ]signed certificate",
+            "TLS verification failed: point SSL_CERT_FILE at the CA bundle that signs the "
+            "server's (or the proxy's) certificate",
+        ),
+        (
+            r"Connection refused|Connection timed out|Network is unreachable|Failed to connect",
+            "the server did not answer: check the URL, the network and the proxy",
+        ),
+        (
+            r"\b401\b|\b403\b|unauthorized|authentication required",
+            "the server refused the credentials: check them (or log in) and rerun",
+        ),
+        (
+            r"Permission denied|Operation not permitted",
+            "it lacks a permission: run envbuild as root (mmdebstrap's root mode mounts), or "
+            "check the paths named above",
+        ),
+    )
+)
+
+
+def failure_hint(returncode: int, output: str) -> str | None:
+    """What a command's failure suggests, from its exit status and its last lines of output
+    (:data:`TOOL_FAILURES`); None when they suggest nothing (its own words are shown anyway)."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else ""
+        cause = " (out of memory? see `dmesg`)" if returncode == -signal.SIGKILL else ""
+        return f"it was killed by signal {-returncode} {name}{cause}".rstrip()
+    for line in reversed(output.splitlines()):  # the last cause said is the nearest
+        for pattern, hint in TOOL_FAILURES:
+            if pattern.search(line):
+                return hint
+    return None
+
+
+class NoSpace(EnvironmentFailure):
+    """A file system is full (or a quota reached): names the folder, the room left there and,
+    when known, the room needed (bytes; None: unknown)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        folder: str,
+        available: int | None,
+        needed: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.folder = folder
+        self.available = available
+        self.needed = needed
 
 
 class IntegrityError(EnvironmentFailure):

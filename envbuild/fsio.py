@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import binascii
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
 import logging
 import os
-import shutil
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from envbuild.errors import EnvironmentFailure, OutputError
+from envbuild.errors import NoSpace, OutputError, RemovalRefused
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +98,206 @@ def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
 Converter = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def rmtree(path: Path) -> None:
-    """Remove ``path``, a file or a tree, read-only folders in it included (an unpacked wheel
-    may have them); nothing there is no error."""
-    if not path.is_dir() or path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
+#: /proc/self/mountinfo: what is mounted where, as this process sees it.
+MOUNTINFO = Path("/proc/self/mountinfo")
+_MNT_DETACH = 2  # umount2's flag: detach now, let go of the file system once it is unused
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: the kernel writes space, tab, newline and backslash as octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounts_under(path: Path) -> list[tuple[str, str]]:
+    """What is mounted at or beneath ``path`` (an absolute, resolved path): each mount point and
+    its file system type, deepest first."""
+    top = os.fspath(path)
+    found = []
     try:
-        shutil.rmtree(path)
+        text = MOUNTINFO.read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        point = _unescape(fields[4])
+        fstype = fields[fields.index("-", 6) + 1]
+        if point == top or point.startswith(top.rstrip("/") + "/"):
+            found.append((point, fstype))
+    return sorted(found, key=lambda m: (-m[0].count("/"), m[0]))
+
+
+def _detach(point: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(point), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # EINVAL: no longer a mount point (gone with its parent)
+            raise OSError(err, os.strerror(err), point)
+
+
+def _refused(
+    path: Path, point: str, what: str, unmount: bool, done: str = "nothing was removed"
+) -> RemovalRefused:
+    if unmount:
+        fix = f"unmount it (umount -l {point}) and rerun"
+    else:
+        fix = (
+            f"envbuild did not mount it: unmount it yourself (umount {point}) if nothing uses "
+            "it, or move it out of the way, then rerun"
+        )
+    return RemovalRefused(
+        f"refusing to remove {path}: {what} {point}; {done}", hint=fix, path=str(path), mount=point
+    )
+
+
+def rmtree(path: Path, *, unmount: bool = False) -> None:
+    """Remove ``path``, a file or a tree, read-only folders in it included (an unpacked wheel
+    may have them); nothing there is no error.
+
+    A removal never crosses into another file system: envbuild runs as root, and a bind mount
+    left in a folder (mmdebstrap's chroot binds the host's /dev, /dev/shm, /proc and /sys) must
+    not be emptied with it. What is mounted at or beneath ``path`` is detached first
+    (``umount -l``, deepest first) when ``unmount`` says the folder is one of envbuild's chroots
+    (what is mounted there is envbuild's or its mmdebstrap's); otherwise, and for a folder on
+    another device than ``path`` that no mount explains, :class:`RemovalRefused` is raised and
+    nothing is removed or changed. The walk goes by file descriptors (no symlink is followed)
+    and checks every folder's device and inode against what its parent listed, so a mount that
+    appears during the removal stops it there."""
+    path = Path(os.path.abspath(path))
+    try:
+        st = os.lstat(path)
     except FileNotFoundError:
         return
-    except OSError:
-        for dirpath, _dirs, _files in os.walk(path):
-            with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o700)
-        shutil.rmtree(path, ignore_errors=True)
+    if not stat.S_ISDIR(st.st_mode):
+        path.unlink(missing_ok=True)
+        return
+    real = Path(os.path.realpath(path))
+    for _round in range(8):  # stacked mounts: each round detaches the top ones
+        mounted = mounts_under(real)
+        if not mounted:
+            break
+        point, fstype = mounted[0]
+        if not unmount:
+            raise _refused(path, point, f"a file system ({fstype}) is mounted at", unmount)
+        for point, fstype in mounted:
+            try:
+                _detach(point)
+            except OSError as exc:
+                what = f"cannot unmount ({exc.strerror}) the {fstype} mounted at"
+                raise _refused(path, point, what, unmount) from exc
+            log.info("unmounted %s (%s), left in %s", point, fstype, path)
+    else:
+        raise _refused(path, mounts_under(real)[0][0], "something is still mounted at", unmount)
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    try:
+        _remove_below(path, top, st)
+    finally:
+        os.close(top)
+    _quietly(os.rmdir, path)
+
+
+def _quietly(remove: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """One unlink or rmdir; gone already is fine, anything else is logged (a removal is
+    cleanup: it must not hide the error that led to it)."""
+    try:
+        remove(*args, **kwargs)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", exc.filename or args[0], exc.strerror or exc)
+
+
+def _remove_below(path: Path, top: int, top_st: os.stat_result) -> None:
+    """Empty the folder open as ``top`` (``path``, on the device of ``top_st``), depth first
+    without recursion (a tree may be deeper than Python's stack)."""
+    stack: list[tuple[int, str, list[os.DirEntry[str]]]] = [(top, "", _listing(top))]
+    try:
+        while stack:
+            fd, rel, entries = stack[-1]
+            while entries:
+                entry = entries.pop()
+                if not entry.is_dir(follow_symlinks=False):
+                    _unlink(entry.name, fd)
+                    continue
+                child = _open_child(path, fd, os.path.join(rel, entry.name), entry, top_st)
+                if child is not None:
+                    stack.append((child, os.path.join(rel, entry.name), _listing(child)))
+                    break
+            else:
+                stack.pop()
+                if stack:
+                    os.close(fd)
+                    _unlink(os.path.basename(rel), stack[-1][0], folder=True)
+    finally:
+        for fd, _rel, _entries in stack[1:]:
+            os.close(fd)
+
+
+def _open_child(
+    path: Path, fd: int, rel: str, entry: os.DirEntry[str], top_st: os.stat_result
+) -> int | None:
+    """Open the folder ``entry`` of the folder open as ``fd`` to empty it; None when it is gone
+    or cannot be opened. Raises :class:`RemovalRefused` when it is another file system: a device
+    other than the top's, or a mount point (a bind of the same file system shows as an inode
+    other than the one its parent lists; overlayfs lists other inodes too, so mountinfo says)."""
+    where = path / rel
+    try:
+        child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    except PermissionError:  # a folder without r-x (not root): its own mode, never a mount's
+        if mounts_under(Path(os.path.realpath(where))):
+            raise _refused(
+                path, str(where), "a file system is mounted at", False, _STOPPED
+            ) from None
+        with contextlib.suppress(OSError):
+            os.chmod(entry.name, 0o700, dir_fd=fd)
+        try:
+            child = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            log.warning("could not open %s: %s", where, exc.strerror or exc)
+            return None
+    except OSError as exc:
+        log.warning("could not open %s: %s", where, exc.strerror or exc)
+        return None
+    st = os.fstat(child)
+    if st.st_dev != top_st.st_dev or (
+        st.st_ino != entry.inode() and mounts_under(Path(os.path.realpath(where)))
+    ):
+        os.close(child)
+        raise _refused(path, str(where), "another file system is at", False, _STOPPED)
+    return child
+
+
+_STOPPED = "the removal stopped there"
+
+
+def _listing(fd: int) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(fd) as it:
+            return list(it)
+    except OSError as exc:
+        log.warning("could not list a folder to remove: %s", exc.strerror or exc)
+        return []
+
+
+def _unlink(name: str, dir_fd: int, *, folder: bool = False) -> None:
+    remove = os.rmdir if folder else os.unlink
+    try:
+        remove(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except PermissionError:  # a read-only folder (not root): its own mode, never across a mount
+        with contextlib.suppress(OSError):
+            os.fchmod(dir_fd, 0o700)
+        _quietly(remove, name, dir_fd=dir_fd)
+    except OSError as exc:
+        log.warning("could not remove %s: %s", name, exc.strerror or exc)
 
 
 def upgrade_format(
@@ -143,9 +330,48 @@ def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
+#: The errors of a full file system (or a reached quota).
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # unreachable
+
+
+def no_space(
+    folder: Path | str, *, doing: str, needed: int | None = None, hint: str | None = None
+) -> NoSpace:
+    """The :class:`NoSpace` for ``folder`` (or the nearest existing folder above it) while
+    ``doing`` something: how much room its file system has left, and ``needed`` when known."""
+    where = Path(folder)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        fs = os.statvfs(where)
+    except OSError:
+        available, room = None, "its free space unknown"
+    else:
+        available = fs.f_bavail * fs.f_frsize
+        room = f"{human_bytes(available)} free of {human_bytes(fs.f_blocks * fs.f_frsize)}"
+    want = f", {human_bytes(needed)} needed" if needed is not None else ""
+    return NoSpace(
+        f"no space left in {folder} while {doing} ({room}{want})",
+        folder=str(folder),
+        available=available,
+        needed=needed,
+        hint=hint
+        or f"free space on the file system of {where}, or point envbuild elsewhere "
+        "(TMPDIR for temporary files, --store / ENVBUILD_STORE for the store)",
+    )
+
+
 def _output_error(path: Path, exc: OSError) -> Exception:
-    if exc.errno == errno.ENOSPC:
-        return EnvironmentFailure(f"{path}: no space left on device", hint="free disk space")
+    if exc.errno in NO_SPACE:
+        return no_space(path.parent, doing=f"writing {path.name}")
     reason = exc.strerror or str(exc)
     return OutputError(
         f"cannot write {path}: {reason}",

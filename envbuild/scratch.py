@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -35,12 +34,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from envbuild.errors import UsageError
-from envbuild.fsio import rmtree
+from envbuild.fsio import NO_SPACE, no_space, rmtree
 
 log = logging.getLogger(__name__)
 
 ENV = "ENVBUILD_SCRATCH"
 PREFIX = "envbuild-"
+#: The kind of folder mmdebstrap's chroot is made in (its TMPDIR): in memory ``envbuild-chroot-*``,
+#: in the store's scratch space ``chroot-*``. A chroot's mounts (the host's /dev, /dev/shm,
+#: /proc, /sys bound in) are what a killed mmdebstrap leaves: removing such a folder detaches
+#: them first (:func:`envbuild.fsio.rmtree`'s ``unmount``); any other folder with a mount in it
+#: is refused.
+CHROOT = "chroot-"
 #: A folder of this prefix older than this (seconds) and locked by no one was left by a build
 #: that was killed: the next :func:`folder` on that parent removes it.
 STALE_AFTER = 60.0
@@ -123,8 +128,10 @@ def folder(prefix: str, needed: int) -> Iterator[Path | None]:
         try:
             yield path
         finally:
-            shutil.rmtree(path, ignore_errors=True)
-            os.close(held)
+            try:
+                rmtree(path, unmount=prefix == CHROOT)
+            finally:
+                os.close(held)
     finally:
         _ledger.give(needed)
 
@@ -135,13 +142,13 @@ def _hold(path: Path) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+        rmtree(path)
         raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except OSError:
         os.close(fd)
-        shutil.rmtree(path, ignore_errors=True)
+        rmtree(path)
         raise
     return fd
 
@@ -165,7 +172,24 @@ TEMP_KINDS: dict[str, str | None] = {
 
 def _kind_root(kind: str) -> Path:
     fixed = TEMP_KINDS[kind]
-    return Path(fixed) if fixed else Path(tempfile.gettempdir())
+    return Path(fixed) if fixed else system_temp()
+
+
+def system_temp() -> Path:
+    """The system's temporary folder ($TMPDIR, else /tmp, /var/tmp …: tempfile's choice, which
+    writes a small file to each to try it). None usable (a full disk) raises
+    :class:`~envbuild.errors.NoSpace` naming the first and its room, not tempfile's bare
+    FileNotFoundError."""
+    try:
+        return Path(tempfile.gettempdir())
+    except FileNotFoundError as exc:
+        wanted = os.environ.get("TMPDIR") or "/tmp"
+        raise no_space(
+            wanted,
+            doing="making a temporary folder; /tmp, /var/tmp and the current folder have no "
+            "room either",
+            hint="free space there, or set TMPDIR to a folder with room",
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -190,13 +214,20 @@ def beside(dest: Path, kind: str) -> Iterator[Path]:
 @contextlib.contextmanager
 def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     _sweep(parent, (prefix,))
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise no_space(parent, doing=f"making a folder {prefix}*") from exc
+        raise
     held = _hold(path)
     try:
         yield path
     finally:
-        rmtree(path)
-        os.close(held)
+        try:
+            rmtree(path)
+        finally:
+            os.close(held)
 
 
 def sweep() -> int:
@@ -239,7 +270,9 @@ def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
             os.close(fd)
             continue
         log.info("removing %s, left by a build that did not finish", entry.path)
-        rmtree(Path(entry.path))
-        os.close(fd)
+        try:
+            rmtree(Path(entry.path), unmount=entry.name.startswith(PREFIX + CHROOT))
+        finally:
+            os.close(fd)
         removed += 1
     return removed

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.apply.paths import Paths
 from envbuild.errors import ManifestError, OutputError, UserError
-from envbuild.fsio import compact_json, fsync_dir, sha256_bytes
+from envbuild.fsio import compact_json, fsync_dir, rmtree, sha256_bytes
 
 log = logging.getLogger(__name__)
 
@@ -261,16 +260,8 @@ def _drop_write(p: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a (frozen) generation or a half-built one."""
-    if not os.path.lexists(path):
-        return
-    for top, dirs, _files in os.walk(path):
-        os.chmod(top, stat.S_IMODE(os.lstat(top).st_mode) | 0o700)
-        for name in dirs:
-            p = Path(top) / name
-            if not p.is_symlink():
-                os.chmod(p, stat.S_IMODE(os.lstat(p).st_mode) | 0o700)
-    shutil.rmtree(path)
+    """Delete a (frozen) generation or a half-built one (never across a mount in it)."""
+    rmtree(path)
 
 
 def remove_leftovers(paths: Paths) -> list[str]:

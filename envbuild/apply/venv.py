@@ -115,7 +115,7 @@ def create_venv(venv: Path, python: str) -> None:
         [proc.find_uv(), "venv", "--no-config", "--relocatable", f"--python={python}", "--", venv],
         tool="uv venv",
         env=proc.uv_env(),
-        hint=f"is Python {python} installed on this machine? (`uv python find {python}`)",
+        on_failure=f"is Python {python} installed on this machine? (`uv python find {python}`)",
     )
 
 

@@ -182,7 +182,9 @@ def install(
             ]
         env = proc.uv_env()  # the lock decides: no UV_* of the caller's
         try:
-            proc.run(argv, tool="uv", env=env, hint="the lock may not fit the image's platform")
+            proc.run(
+                argv, tool="uv", env=env, on_failure="the lock may not fit the image's platform"
+            )
         except ToolFailed:
             _check_wheels(wheels)  # a wheel that is not what the lock says: that is the cause
             raise

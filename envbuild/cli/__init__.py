@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from envbuild import __version__
 from envbuild.cli import commands, render
-from envbuild.errors import EnvbuildError, ExitCode, SpecError
+from envbuild.errors import EnvbuildError, EnvironmentFailure, ExitCode, Interrupted, SpecError
 
 #: Command names, in the order ``--help`` lists them (the table: :mod:`envbuild.cli.commands`).
 COMMANDS: tuple[str, ...] = tuple(c.name for c in commands.COMMANDS)
@@ -28,6 +30,7 @@ exit codes:
   2  bad input or usage (the message names the file, key and fix)
   3  the environment failed (missing tool, network, engine, disk)
   4  internal error (rerun with -v and report it)
+  128+N  stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), its children with it
 """
 
 
@@ -66,6 +69,19 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _full_disk(exc: OSError) -> EnvbuildError | None:
+    """A full disk (or quota) wherever it struck is the environment's failure (exit 3), named
+    with its folder and room, not an internal error."""
+    from envbuild import fsio
+
+    if exc.errno not in fsio.NO_SPACE:
+        return None
+    if not exc.filename:
+        return EnvironmentFailure("no space left on device", hint="free disk space")
+    path = Path(os.fsdecode(exc.filename))
+    return fsio.no_space(path.parent, doing=f"writing {path.name}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
     command = _command_in(args_in)
@@ -85,8 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = args.quiet or (as_json and command in ("snapshot", "verify") and not args.verbose)
     handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
+    from envbuild import proc  # here: `envbuild --version` and a usage error need no subprocess
+
     try:
-        return int(args.func(args))
+        with proc.stopping_on_signals():  # SIGTERM/SIGINT/SIGHUP stop the children, then envbuild
+            try:
+                return int(args.func(args))
+            except OSError as exc:
+                full = _full_disk(exc)
+                if full is None:
+                    raise
+                raise full from exc
     except EnvbuildError as exc:
         if isinstance(exc, SpecError):
             render.problem_lines(exc.lines())
@@ -98,10 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             render.emit_json_error(exc, exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        render.error_lines(["interrupted"])
+        signalled = exc if isinstance(exc, Interrupted) else None
+        code = signalled.exit_code if signalled else ExitCode.INTERRUPTED
+        render.error_lines([f"interrupted ({signalled.name})" if signalled else "interrupted"])
         if as_json:
-            render.emit_json_error(exc, ExitCode.INTERRUPTED)
-        return ExitCode.INTERRUPTED
+            render.emit_json_error(exc, code)
+        return code
     except Exception as exc:
         if args.verbose:
             traceback.print_exc(file=sys.stderr)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
-from types import FrameType
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.checks import PreflightReport, Status
@@ -83,10 +81,6 @@ def register(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     if args.recover:
         if args.source is not None:
@@ -113,12 +107,9 @@ def run(args: argparse.Namespace) -> int:
     )
     show = None if args.json else _show_preflight
     show_recovered = None if args.json else show_recovery
-    # SIGTERM undoes a half-done switch like Ctrl-C does.
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    # SIGTERM undoes a half-done switch like Ctrl-C does: both raise a KeyboardInterrupt
+    # (envbuild.errors.Interrupted, from the CLI's envbuild.proc.stopping_on_signals)
+    outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
     stats = _cache_stats(host)
     if args.json:
         render.emit_json({**outcome.as_dict(), "cache": stats.as_dict() if stats else None})
@@ -141,11 +132,7 @@ def _cache_stats(host: hostmod.HostAccess) -> CacheStats | None:
 
 def _recover(args: argparse.Namespace) -> int:
     host = hostmod.real_host(Path(args.root), args.hf_home)
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        recovered = recover_pending(host, wait=args.wait)
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    recovered = recover_pending(host, wait=args.wait)
     if args.json:
         render.emit_json({"recovered": recovered.as_dict() if recovered else None})
     elif recovered is None:

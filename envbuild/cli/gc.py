@@ -8,6 +8,7 @@ import logging
 from envbuild import scratch
 from envbuild.cli import render
 from envbuild.errors import ExitCode
+from envbuild.fsio import human_bytes
 from envbuild.store.core import Store, default_store
 from envbuild.store.gc import collect
 
@@ -31,15 +32,6 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     render.add_json_flag(p)
     p.set_defaults(func=run)
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def verb_of(dry_run: bool) -> str:
@@ -68,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     for key in result.linked_trees:
         render.echo(f"kept install tree {key}: no root names it, but a generation links its files")
     render.echo(
-        f"{verb} {len(result.removed_blobs)} blobs ({_size(result.freed_bytes)}), "
+        f"{verb} {len(result.removed_blobs)} blobs ({human_bytes(result.freed_bytes)}), "
         f"{len(result.removed_derivations)} derivations, {len(result.removed_trees)} install "
         f"trees, {result.removed_temp + swept} "
         f"temporary files; kept {result.kept_blobs} blobs for {result.roots} roots"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import signal
 from pathlib import Path
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.manage import rollback
 from envbuild.cli import render
-from envbuild.cli.apply import _interrupt, add_root_flags, show_recovery
+from envbuild.cli.apply import add_root_flags, show_recovery
 from envbuild.errors import ExitCode, UsageError
 
 
@@ -39,13 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"rollback to {args.n} or to {args.to}? give N once")
     to = args.n if args.n is not None else args.to
     host = hostmod.real_host(Path(args.root))
-    old = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        outcome = rollback(
-            host, to=to, agreed=args.yes, wait=args.wait, health_timeout=args.health_timeout
-        )
-    finally:
-        signal.signal(signal.SIGTERM, old)
+    outcome = rollback(  # SIGTERM undoes a half-done switch like Ctrl-C (stopping_on_signals)
+        host, to=to, agreed=args.yes, wait=args.wait, health_timeout=args.health_timeout
+    )
     if args.json:
         render.emit_json(outcome.as_dict())
         return ExitCode.OK

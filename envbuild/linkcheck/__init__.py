@@ -20,7 +20,6 @@ import os
 import posixpath
 import re
 import shutil
-import subprocess
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from envbuild import proc
+from envbuild.errors import EnvironmentFailure
 from envbuild.linkcheck.check import SHOWN, EnvFile, Finding, Tree, check
 from envbuild.linkcheck.reader import Cache, default_cache, read_all, tree_key
 
@@ -110,16 +111,9 @@ def demangle(names: Sequence[str]) -> list[str]:
     tool = shutil.which("c++filt")
     if not names or tool is None:
         return list(names)
-    try:
-        done = subprocess.run(
-            [tool],
-            check=False,
-            input="\n".join(names) + "\n",
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    try:  # through proc.run, like every child: stopped with envbuild on a signal
+        done = proc.run([tool], input="\n".join(names) + "\n", check=False, timeout=60)
+    except (OSError, EnvironmentFailure):
         return list(names)
     out = done.stdout.splitlines()
     return out if done.returncode == 0 and len(out) == len(names) else list(names)

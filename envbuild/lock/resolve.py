@@ -29,7 +29,7 @@ from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from envbuild import proc, scratch
-from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed
+from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed, failure_hint
 from envbuild.lock.model import Hashes, LockedBuild, LockedFile, LockedPackage
 from envbuild.lock.sdist import SdistMetadata, sdist_metadata
 from envbuild.lock.target import Target, build_names, expand_url, requirements_of
@@ -169,7 +169,8 @@ def _compile(
                 done.argv,
                 done.returncode,
                 said,
-                hint="check the network and the index URLs in the spec; rerun with -v for uv's log",
+                hint=failure_hint(done.returncode, said)
+                or "check the network and the index URLs in the spec; rerun with -v for uv's log",
             )
         for line in said.splitlines():
             log.debug("uv: %s", line)

@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, NamedTuple, TypeVar
 
+from envbuild import proc
+
 log = logging.getLogger(__name__)
 
 BIG = 1 << 20
@@ -247,7 +249,7 @@ def run_jobs(
     Results come back in the jobs' order."""
     if processes:
         return _in_processes(jobs, work, workers, meanwhile)
-    with ThreadPoolExecutor(max_workers=workers) as threads:
+    with proc.thread_pool(workers) as threads:  # a signal drops the files not started
         pending = threads.map(lambda job: work(job, None), jobs)  # submits everything now
         if meanwhile is not None:
             meanwhile()

@@ -18,13 +18,13 @@ for memory, or whose audit lacks a target GPU's compute capability leaves the st
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
+from envbuild import scratch
 from envbuild.errors import (
     ToolFailed,
 )
@@ -211,7 +211,7 @@ def _meta(
 def _keep_log(req: SourceBuildRequest, outcome: BuildOutcome, inputs: dict[str, Any]) -> Path:
     """A failed build's whole log, outside the store (which a failure leaves as it was)."""
     key = derivation_key(KIND, inputs)
-    path = Path(tempfile.gettempdir()) / f"envbuild-{canonicalize_name(req.dist)}-{key[:12]}.log"
+    path = scratch.system_temp() / f"envbuild-{canonicalize_name(req.dist)}-{key[:12]}.log"
     path.write_text(outcome.log, encoding="utf-8")
     return path
 

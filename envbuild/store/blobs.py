@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import IO, Protocol, Self
 
 from envbuild.errors import IntegrityError, StoreError
-from envbuild.fsio import fsync_dir, rmtree
+from envbuild.fsio import fsync_dir, no_space, rmtree
 from envbuild.oci import DIGEST_RE
+from envbuild.scratch import CHROOT
 from envbuild.store.stamps import Stamps, open_regular
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,16 @@ def digest_hex(digest: str) -> str:
     return m.group(1)
 
 
-def store_error(root: Path, exc: OSError, doing: str) -> StoreError:
+def store_error(root: Path, exc: OSError, doing: str, where: Path | None = None) -> StoreError:
     """The :class:`StoreError` for an OS failure while ``doing`` something in the store
-    ``root``: a full disk says how to free space, anything else what to check."""
-    if exc.errno in _NO_SPACE:
+    ``root``: a full disk says how to free space (naming the folder that is full: ``where``,
+    else the file's), anything else what to check."""
+    if exc.errno in _NO_SPACE:  # name the folder that is full (the store's tmp may be apart)
+        if where is None:
+            where = Path(exc.filename).parent if isinstance(exc.filename, str) else root
+        full = no_space(where, doing=f"{doing} in the store {root}")
         return StoreError(
-            f"no space left on device while {doing} in the store {root}",
+            full.message,
             hint="free disk space (`envbuild gc` removes what no image uses) or move the store "
             "with --store / $ENVBUILD_STORE",
         )
@@ -437,7 +442,7 @@ class BlobStore:
             try:
                 yield path
             finally:
-                rmtree(path)
+                rmtree(path, unmount=prefix.startswith(CHROOT))
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Atomically write a small metadata file (temp in tmp/, fsync, rename)."""
@@ -454,6 +459,6 @@ class BlobStore:
             os.chmod(name, 0o644)
             os.replace(name, path)
         except OSError as exc:
-            raise store_error(self.root, exc, f"writing {path.name}") from exc
+            raise store_error(self.root, exc, f"writing {path.name}", tmp_dir) from exc
         finally:
             Path(name).unlink(missing_ok=True)

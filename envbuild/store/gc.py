@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from envbuild.fsio import rmtree
+from envbuild.scratch import CHROOT
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Derivation, Root, Store
 from envbuild.store.trees import Trees
@@ -121,8 +122,8 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
                 store.blob_path(digest).unlink(missing_ok=True)
             for path in stale_stamps:
                 path.unlink(missing_ok=True)
-            for path in temps:
-                rmtree(path)
+            for path in temps:  # a chroot's folder: what a killed mmdebstrap left mounted
+                rmtree(path, unmount=path.name.startswith(CHROOT))
             for path in stale_locks:
                 path.unlink(missing_ok=True)
     return GcResult(

@@ -149,7 +149,7 @@ def _mmdebstrap_run(
     argv += [f"--customize-hook={collect}", "--", spec_base.suite, str(work / "rootfs.tar")]
     argv.append(spec_base.mirror)
     # the chroot (mmdebstrap's TMPDIR) in memory when there is room: see envbuild.scratch
-    with scratch.folder("chroot-", CHROOT_ESTIMATE) as fast:
+    with scratch.folder(scratch.CHROOT, CHROOT_ESTIMATE) as fast:
         chroot = fast or work
         env = proc.child_env({"SOURCE_DATE_EPOCH": str(sde), "TMPDIR": str(chroot)})
         log.info("building a Debian %s rootfs with mmdebstrap (in %s)", spec_base.suite, chroot)
@@ -201,7 +201,7 @@ def resolve(
     """Resolve the package set of ``spec_base`` against its mirror: run mmdebstrap once and pin
     what it installed. Its rootfs is stored as the build of the pinned set."""
     sde = source_date_epoch()
-    with store.session(), store.temp_dir("debian-") as work:
+    with store.session(), store.temp_dir(scratch.CHROOT) as work:
         tar, packages = _mmdebstrap(work, spec_base, None, sde)
         lock = DebianBaseLock(
             kind="debian",
@@ -246,7 +246,7 @@ def build(
     inputs = _inputs(spec_base, pinned, compression, sde)
 
     def builder() -> Output:
-        with store.temp_dir("debian-") as work:
+        with store.temp_dir(scratch.CHROOT) as work:
             tar, got = _mmdebstrap(work, spec_base, pinned.packages, sde)
             if got != pinned.packages:
                 want = {(p.name, p.version, p.arch, p.sha256) for p in pinned.packages}

@@ -37,6 +37,7 @@ from envbuild.build.base.tarsafe import (
 from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind
 from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
 from envbuild.errors import ToolFailed
+from envbuild.fsio import rmtree
 
 CHUNK = 1 << 20
 #: The largest PAX or GNU long-name header read (tarfile holds one in memory).
@@ -333,7 +334,7 @@ def _remove(path: str) -> None:
     if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
         os.unlink(path)
     elif os.path.isdir(path):
-        shutil.rmtree(path)
+        rmtree(Path(path))
 
 
 def _clear_dir(path: str, *, keep: set[str]) -> None:

@@ -5,6 +5,10 @@ argv with secrets redacted, captures output (or streams it to the log when asked
 :class:`~envbuild.errors.ToolFailed` quoting the tool's own words when the command fails. A child's
 environment is :func:`child_env` (the caller's, without what redirects Python) or, for uv,
 :func:`uv_env` (cleaned: only what uv needs, and what may change a result given explicitly).
+
+No child outlives envbuild: each starts through :func:`~envbuild.proc.children.started`, in
+a process group of its own, and SIGTERM, SIGINT or SIGHUP stop them all with envbuild
+(:mod:`envbuild.proc.children`).
 """
 
 from __future__ import annotations
@@ -21,9 +25,26 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from envbuild.errors import ToolFailed, ToolNotFound
+from envbuild.errors import ToolFailed, ToolNotFound, failure_hint
+from envbuild.proc.children import (
+    STOP_GRACE,
+    STOP_SIGNALS,
+    started,
+    stop_children,
+    stopping_on_signals,
+    thread_pool,
+)
+
+__all__ = [
+    "STOP_GRACE",
+    "STOP_SIGNALS",
+    "started",
+    "stop_children",
+    "stopping_on_signals",
+    "thread_pool",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +184,14 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     hint: str | None = None,
+    on_failure: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run ``argv`` and return its output.
+
+    ``hint`` says how to get the tool when it is not there (:class:`ToolNotFound`). A failure's
+    hint follows from the failure (:func:`~envbuild.errors.failure_hint`: its exit status and
+    last lines), else ``on_failure`` (what the caller knows a failure of this call means).
 
     ``stream=True`` sends each output line to the ``envbuild.proc`` logger at DEBUG level as it
     comes (stderr merged into stdout), for long commands whose progress a verbose user wants to see.
@@ -176,51 +202,42 @@ def run(
     shown = tuple(_redact(a) for a in argv)
     name = tool or Path(shown[0]).name
     log.debug("running: %s", " ".join(shown))
+    popen: dict[str, Any] = {
+        "cwd": cwd,
+        "env": dict(env) if env is not None else None,
+        "stdin": subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.STDOUT if stream else subprocess.PIPE,
+        "text": True,
+        "errors": "replace",
+    }
+    spawned = False
     try:
-        if stream:
-            tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-            chunks: list[str] = []
-            with subprocess.Popen(
-                real,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            ) as proc:
+        with started(real, **popen) as child:
+            spawned = True
+            if stream:
+                tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+                chunks: list[str] = []
                 if input is not None:
-                    assert proc.stdin is not None
-                    proc.stdin.write(input)
-                    proc.stdin.close()
-                assert proc.stdout is not None
-                for line in proc.stdout:
+                    assert child.stdin is not None
+                    child.stdin.write(input)
+                    child.stdin.close()
+                assert child.stdout is not None
+                for line in child.stdout:
                     chunks.append(line)
                     tail.append(line)
                     log.debug("%s: %s", name, line.rstrip("\n"))
                     if on_line is not None:  # a streamed line, e.g. for a progress report
                         on_line(line)
-                returncode = proc.wait(timeout=timeout)
-            stdout, stderr = "".join(chunks), ""
-            tail_text = "".join(tail)
-        else:
-            done = subprocess.run(
-                real,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                input=input,
-                stdin=None if input is not None else subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                check=False,
-            )
-            returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
-            tail_text = _tail(stderr if stderr.strip() else stdout)
+                returncode = child.wait(timeout=timeout)
+                stdout, stderr = "".join(chunks), ""
+                tail_text = "".join(tail)
+            else:
+                stdout, stderr = child.communicate(input, timeout=timeout)
+                returncode = child.returncode
+                tail_text = _tail(stderr if stderr.strip() else stdout)
     except FileNotFoundError as exc:
-        if exc.filename in (real[0], None):
+        if not spawned and exc.filename in (real[0], None):
             raise ToolNotFound(name, hint=hint) from exc
         raise
     except subprocess.TimeoutExpired as exc:
@@ -228,7 +245,8 @@ def run(
             name, shown, -1, "", summary=f"{name} did not finish within {timeout:.0f} s"
         ) from exc
     if check and returncode != 0:
-        raise ToolFailed(name, shown, returncode, tail_text, hint=hint)
+        why = failure_hint(returncode, tail_text) or on_failure
+        raise ToolFailed(name, shown, returncode, tail_text, hint=why)
     return Completed(shown, returncode, stdout, stderr)
 
 
@@ -278,25 +296,30 @@ def _piped(
     name = tool or Path(shown[0]).name
     log.debug("running: %s", " ".join(shown))
     with tempfile.TemporaryFile() as errfile:
+        spawned = False
         try:
-            child = subprocess.Popen(
+            with started(
                 real,
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=errfile,
                 env=dict(env) if env is not None else None,
                 bufsize=bufsize,
-            )
+            ) as child:
+                spawned = True
+
+                def check(returncode: int) -> None:
+                    if returncode != 0:
+                        errfile.seek(0)
+                        tail = _tail(errfile.read().decode(errors="replace"))
+                        why = failure_hint(returncode, tail)
+                        raise ToolFailed(name, shown, returncode, tail, hint=why)
+
+                yield child, check
         except FileNotFoundError as exc:
-            raise ToolNotFound(name, hint=hint) from exc
-
-        def check(returncode: int) -> None:
-            if returncode != 0:
-                errfile.seek(0)
-                tail = _tail(errfile.read().decode(errors="replace"))
-                raise ToolFailed(name, shown, returncode, tail, hint=hint)
-
-        yield child, check
+            if not spawned and exc.filename in (real[0], None):
+                raise ToolNotFound(name, hint=hint) from exc
+            raise
 
 
 @contextlib.contextmanager
