@@ -203,6 +203,12 @@ def build_lines(result: ImageBuild) -> list[str]:
         if layer.kind == "base":
             state = "base"
         lines.append(f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}")
+    setid = m.base.get("setid") or {}
+    if setid:  # kept (a base needs them), never silently
+        lines.append(
+            f"base keeps {len(setid)} setuid/setgid file(s): "
+            + ", ".join(f"{path} {mode}" for path, mode in setid.items())
+        )
     took = result.wall  # the stages overlap (the base beside the layers): their sum is not
     lines.append(
         f"built {m.spec}: {len(m.layers)} layers ({len(result.rebuilt)} rebuilt) in {took:.1f} s "
