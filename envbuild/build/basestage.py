@@ -42,7 +42,11 @@ def base_stage(
         layers=list(got.layers),
         config=got.config,
         history=list(got.history),
-        info={"key": got.key, "lock": got.lock.model_dump(mode="json", by_alias=True)},
+        info={
+            "key": got.key,
+            "lock": got.lock.model_dump(mode="json", by_alias=True),
+            **({} if got.setid is None else {"setid": got.setid}),
+        },
     )
 
 

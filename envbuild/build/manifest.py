@@ -2,7 +2,8 @@
 ``images/<spec>/build-manifest.json`` (canonical JSON), the output folder's commit record
 (:mod:`envbuild.build.outputs` writes it last).
 
-It names the image's digest and config, every layer (the base's and each planned one, with its
+It names the image's digest and config, the base (with the setuid and setgid files it keeps,
+``base.setid``: path -> octal mode), every layer (the base's and each planned one, with its
 derivation key and distributions), the overlaps settled, the source builds and patches with
 their inputs and audit, and the files written. Also here: the base stage's answer
 (:class:`BaseResult`) and the way from a recorded layer back to its packed blob

@@ -8,7 +8,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -228,6 +228,7 @@ def build_lines(result: ImageBuild) -> list[str]:
         rebuilt=result.rebuilt,
         output=result.output,
         wall=result.wall,
+        setid=m.base.get("setid") or {},
     )
 
 
@@ -239,6 +240,7 @@ def summary_lines(
     rebuilt: Collection[str],
     output: Path,
     wall: float,
+    setid: Mapping[str, str],
 ) -> list[str]:
     """:func:`build_lines` from the manifest's layers (as JSON) and the source outcomes (each
     with ``kind``, ``dist``, ``version``, ``key``, ``reused``, ``changes``, ``previous``)."""
@@ -256,6 +258,11 @@ def summary_lines(
         lines.append(
             f"{layer['name']:<28} {_mb(layer['size']):>11}  {layer['digest'][:19]}  {state}"
         )
+    if setid:  # kept (a base needs them), never silently
+        lines.append(
+            f"base keeps {len(setid)} setuid/setgid file(s): "
+            + ", ".join(f"{path} {mode}" for path, mode in setid.items())
+        )
     # the stages overlap (the base beside the layers): their sum is not the wall time
     lines.append(
         f"built {spec}: {len(layers)} layers ({len(rebuilt)} rebuilt) in {wall:.1f} s -> {output}"
@@ -271,7 +278,13 @@ def _up_to_date(args: argparse.Namespace, done: Any, wall: float) -> int:
         return ExitCode.OK
     sources = [SimpleNamespace(**s, reused=True, changes=[], previous=None) for s in done.sources]
     for line in summary_lines(
-        manifest["spec"], manifest["layers"], sources, rebuilt=(), output=done.output, wall=wall
+        manifest["spec"],
+        manifest["layers"],
+        sources,
+        rebuilt=(),
+        output=done.output,
+        setid=manifest.get("base", {}).get("setid") or {},
+        wall=wall,
     ):
         render.note(line)
     from envbuild.registry import compat as engines

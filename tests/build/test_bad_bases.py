@@ -3,10 +3,12 @@ what is wrong, never an internal error (these were `internal error: EOFError` an
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import lzma
 import tarfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,9 +49,31 @@ def _link_then_below() -> bytes:
     return gzip.compress(buf.getvalue(), mtime=0)
 
 
+def _zip(size: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("etc/hostname", "x" * size)
+    return buf.getvalue()
+
+
+#: Each was "is truncated (a header is cut short …)" or "has a corrupt tar header": now the
+#: message says what the file is.
+NOT_TARS = [
+    ("small-zip.tar", _zip(10), "is not a tar archive: it holds a zip archive"),
+    ("zip.tar", _zip(5000), "is not a tar archive: it holds a zip archive"),
+    ("twice.tar.gz", gzip.compress(gzip.compress(_tar(), mtime=0), mtime=0), "holds gzip data"),
+    ("xz-in-gz.tar.gz", gzip.compress(lzma.compress(_tar()), mtime=0), "holds xz data"),
+    ("page.tar", b"<!DOCTYPE html>\n<html><body>Not Found</body></html>\n", "an HTML page"),
+    ("notes.tar", b"just some notes\n" * 40, "it holds plain text"),
+    ("seven.tar", b"7z\xbc\xaf\x27\x1c\x00\x04" + bytes(40), "it holds a 7z archive"),
+    ("bz.tar.gz", gzip.compress(bz2.compress(_tar()), mtime=0), "holds bzip2 data"),
+]
+
+
 @pytest.mark.parametrize(
     ("name", "data", "needle"),
     [
+        *NOT_TARS,
         ("cut.tar.gz", _half(gzip.compress(_tar(), mtime=0)), "is truncated or corrupt (gzip"),
         ("cut.tar.xz", _half(lzma.compress(_tar())), "is truncated or corrupt (xz"),
         ("crc.tar.gz", _bad_crc(), "is truncated or corrupt (gzip: CRC check failed"),

@@ -4,6 +4,7 @@ lock's own models, naming tiny wheels by ``file://`` URL (and source builds, pat
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -24,6 +25,7 @@ from envbuild.lock.model import (
     LockedBuild,
     LockedFile,
     LockedPackage,
+    OciLayoutBaseLock,
     RootfsBaseLock,
     ToolTable,
 )
@@ -69,12 +71,15 @@ def write_project(
     builds: Sequence[tuple[str, str, Path]] = (),
     index: str = PYPI,
     current: bool = False,
+    digest: str | None = None,
 ) -> Path:
-    """A spec with a rootfs base (``base``, default a tiny one) and its lock naming ``wheels``
-    (``lie``: a wrong sha256 for that one), the sdists of ``builds`` (``(name, version, sdist)``,
-    flags from the spec's ``[builds.<name>.env]`` in ``extra``), the spec's patches and
+    """A spec with a rootfs base (``base``, default a tiny one; a folder: an OCI layout base)
+    and its lock naming ``wheels`` (``lie``: a wrong sha256 for that one), the sdists of
+    ``builds`` (``(name, version, sdist)``, flags from the spec's ``[builds.<name>.env]`` in
+    ``extra``), the spec's patches and
     ``index`` as the default index. ``current``: the spec also asks for the wheels and names the
-    index, so that `envbuild lock --check` (and `envbuild ci`) find the lock current."""
+    index, so that `envbuild lock --check` (and `envbuild ci`) find the lock current. ``digest``:
+    the image of an OCI layout base (default: the first its index lists)."""
     if base is None:
         base = repo / "rootfs.tar"
         if not base.exists():
@@ -89,10 +94,19 @@ def write_project(
         base = inside
     spec_path, lock_path_ = f"../{base.name}", base.name
     spec = repo / "specs" / f"{name}.toml"
+    if base.is_dir():  # an OCI layout: the image its index lists
+        if digest is None:  # the image the index lists first
+            digest = json.loads((base / "index.json").read_text())["manifests"][0]["digest"]
+        pinned = f'[base]\nkind = "oci-layout"\npath = "{spec_path}"\ndigest = "{digest}"\n'
+        base_lock: RootfsBaseLock | OciLayoutBaseLock = OciLayoutBaseLock(
+            kind="oci-layout", path=lock_path_, digest=digest
+        )
+    else:
+        pinned = f'[base]\nkind = "rootfs"\npath = "{spec_path}"\nsha256 = "{sha256_file(base)}"\n'
+        base_lock = RootfsBaseLock(kind="rootfs", path=lock_path_, sha256=sha256_file(base))
     spec.write_text(
-        f'[base]\nkind = "rootfs"\npath = "{spec_path}"\n'
-        f'sha256 = "{sha256_file(base)}"\n'
-        '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
+        pinned
+        + '[python]\nversion = "3.11"\nplatform = "manylinux_2_36_x86_64"\n'
         '[image]\ncmd = ["python3"]\n'
         "[resolution]\nexclude_newer = 2025-01-01T00:00:00Z\n"
         + (f'index_url = "{index}"\n' if current else "")
@@ -148,7 +162,7 @@ def write_project(
                 ),
                 builds=locked_builds,
                 patches=patch_records(loaded),
-                base=RootfsBaseLock(kind="rootfs", path=lock_path_, sha256=sha256_file(base)),
+                base=base_lock,
             )
         ),
     )

@@ -183,7 +183,7 @@ def _read_packages(out: Path) -> list[DebianPackageLock]:
 
 def _repack(store: Store, tar: Path, compression: Compression, sde: int) -> Layer:
     tree = Tree(f"the mmdebstrap rootfs {tar.name}")
-    with open_tar(name=tar) as tf, located(tree):
+    with located(tree), open_tar(name=tar, tree=tree) as tf:
         entries = tar_entries(tf, tree)
         return write_layer(store, entries, compression=compression, mtime=sde)
 

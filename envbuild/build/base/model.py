@@ -24,6 +24,9 @@ class BaseImage(BaseModel):
     config: OciImageConfig
     history: list[History]
     lock: BaseLock
+    #: the setuid and setgid files it holds (path -> octal mode), kept (a base needs ``su``,
+    #: ``passwd``, ``mount``) and shown: None where the kind of base does not record them
+    setid: dict[str, str] | None = None
 
     def summary(self) -> dict[str, Any]:
         return {

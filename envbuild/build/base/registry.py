@@ -31,8 +31,8 @@ from envbuild.store.core import Output, Store
 log = logging.getLogger(__name__)
 
 #: 2: the member rules of :mod:`envbuild.build.base.tarsafe`: an image pulled under older rules is
-#: read again.
-RECIPE = 2
+#: read again. 3: their NUL, whiteout and cost rules, and the setuid/setgid files recorded.
+RECIPE = 3
 HINT = "check that the registry answers and holds that digest (skopeo: apt-get install skopeo)"
 
 

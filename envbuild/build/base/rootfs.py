@@ -21,14 +21,16 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild import oci
+from envbuild.build.base.filekind import sniff
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarread import (
     Readable,
+    count_members,
+    file_head,
     located,
     open_stream,
     open_tar,
     scan,
-    sniff,
     tar_entries,
 )
 from envbuild.build.base.tarsafe import Limits, Tree
@@ -52,8 +54,9 @@ log = logging.getLogger(__name__)
 
 #: Bump when importing or re-packing changes what a pinned base produces. 2: the member rules
 #: of :mod:`envbuild.build.base.tarsafe` (sparse members, limits, symlinks across layers): a base
-#: imported under the older rules is read again.
-RECIPE = 2
+#: imported under the older rules is read again. 3: names with a NUL, whiteouts naming no file,
+#: the cost limits refused; the setuid/setgid files recorded (``setid``).
+RECIPE = 3
 CHUNK = 1 << 20
 
 
@@ -210,6 +213,7 @@ def import_image(
         )
     tree.where = where
     tree.finish()
+    setid = tree.setid()
     history = [
         History(
             created_by=str(h.get("created_by", "")),
@@ -230,6 +234,7 @@ def import_image(
             "layers": [x.model_dump(mode="json") for x in layers],
             "config": OciImageConfig.from_oci(config).model_dump(mode="json"),
             "history": history,
+            "setid": setid,
         },
     )
 
@@ -242,6 +247,7 @@ def base_from_output(kind: str, key: str, meta: dict[str, Any], lock: BaseLock) 
         config=OciImageConfig.model_validate(meta["config"]),
         history=[History.model_validate(h) for h in meta["history"]],
         lock=lock,
+        setid=meta.get("setid"),
     )
 
 
@@ -274,11 +280,13 @@ def _plain_tar(path: Path, work: Path, tree: Tree) -> Iterator[Path]:
     compression = sniff(path)
     if compression == "none":
         tree.charge(path.stat().st_size)
+        count_members(path, tree)
         yield path
         return
     out = work / "rootfs.tar"
     with open_stream(path, compression, tree) as src, out.open("wb") as dst:
         shutil.copyfileobj(src, dst, CHUNK)
+    count_members(out, tree)
     yield out
 
 
@@ -315,11 +323,12 @@ def from_tarball(
         with (
             store.temp_dir("rootfs-") as work,
             _plain_tar(path, work, tree) as plain,
-            located(tree),
-            open_tar(name=plain) as tf,
+            located(tree, lambda: file_head(plain)),
+            open_tar(name=plain, tree=tree) as tf,
         ):
             entries = tar_entries(tf, tree)
             layer = write_layer(store, entries, compression=compression, mtime=sde)
+        setid = tree.setid()
         history = [History(created_by=f"envbuild: rootfs tarball sha256:{pin.sha256[:12]}")]
         return Output(
             {"layer": layer.digest},
@@ -327,6 +336,7 @@ def from_tarball(
                 "layers": [layer.model_dump(mode="json")],
                 "config": OciImageConfig(env={"PATH": DEFAULT_PATH}).model_dump(mode="json"),
                 "history": [h.model_dump(mode="json") for h in history],
+                "setid": setid,
             },
         )
 

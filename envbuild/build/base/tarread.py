@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import gzip
+import io
 import lzma
+import mmap
 import os
 import posixpath
 import shutil
@@ -24,8 +27,9 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, cast
 
+from envbuild.build.base.filekind import NOT_TAR_HINT, describe
 from envbuild.build.base.tarsafe import (
     SPARSE_HINT,
     CorruptArchive,
@@ -34,7 +38,7 @@ from envbuild.build.base.tarsafe import (
     is_device,
     member_path,
 )
-from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind
+from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind, Opener
 from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
 from envbuild.errors import ToolFailed
 from envbuild.fsio import rmtree
@@ -47,9 +51,10 @@ MAX_HEADER = 1 << 20
 class _Refused(Exception):
     """Raised inside tarfile's header parsing; turned into a located error by the reader."""
 
-    def __init__(self, message: str, *, corrupt: bool = False) -> None:
+    def __init__(self, message: str, *, corrupt: bool = False, first: bool = False) -> None:
         super().__init__(message)
         self.corrupt = corrupt
+        self.first = first  # at the first header of the stream
 
 
 _tar: Any = tarfile  # its header errors and _proc_member are not in the stubs
@@ -66,18 +71,25 @@ class _Header(tarfile.TarInfo):
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Any:
+        first = cast(Any, tarfile_).offset == 0  # the first header: is it a tar at all?
         try:
             return super().fromtarfile(tarfile_)
         except _tar.TruncatedHeaderError as exc:
-            raise _Refused(f"is truncated (a header is cut short: {exc})", corrupt=True) from None
-        except _tar.InvalidHeaderError as exc:
-            raise _Refused(f"has a corrupt tar header ({exc})", corrupt=True) from None
-        except (ValueError, UnicodeError, OverflowError) as exc:
-            raise _Refused(f"has a corrupt tar header ({exc})", corrupt=True) from None
+            raise _Refused(
+                f"is truncated (a header is cut short: {exc})", corrupt=True, first=first
+            ) from None
+        except (_tar.InvalidHeaderError, ValueError, UnicodeError, OverflowError) as exc:
+            raise _Refused(f"has a corrupt tar header ({exc})", corrupt=True, first=first) from None
+
+    #: the tree whose limits extended headers count against (set by :func:`open_tar`)
+    tree: Tree | None = None
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> Any:
-        if self.type in _LONG + _PAX and not 0 <= self.size <= MAX_HEADER:
-            raise _Refused(f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
+        if self.type in _LONG + _PAX:
+            if not 0 <= self.size <= MAX_HEADER:
+                raise _Refused(f"has a {self.size}-byte extended header (at most {MAX_HEADER})")
+            if self.tree is not None:
+                self.tree.extended_header(self.size)
         if self.type == tarfile.GNUTYPE_SPARSE:
             raise _Refused(f"member {self.name!r} is sparse; {SPARSE_HINT}")
         return _tar.TarInfo._proc_member(self, tarfile_)
@@ -96,12 +108,26 @@ class Readable(Protocol):
     def read(self, n: int = -1, /) -> bytes: ...
 
 
-def open_tar(fileobj: Readable | None = None, *, name: Path | None = None) -> tarfile.TarFile:
-    """A tar reader using the guarded header: seekable when ``name`` is given, else a stream."""
+def open_tar(
+    fileobj: Readable | None = None, *, name: Path | None = None, tree: Tree | None = None
+) -> tarfile.TarFile:
+    """A tar reader using the guarded header (extended headers counted against ``tree``):
+    seekable when ``name`` is given, else a stream. Names are read as the layer writer writes
+    them (UTF-8, any other byte kept as it was, whatever the locale)."""
+    header = type("_TreeHeader", (_Header,), {"tree": tree}) if tree is not None else _Header
+    how: dict[str, Any] = {"tarinfo": header, "encoding": "utf-8", "errors": "surrogateescape"}
     if name is not None:
-        return tarfile.open(name, "r:", tarinfo=_Header)
+        return tarfile.open(name, "r:", **how)
     stream: Any = fileobj  # tarfile reads a stream through read() alone
-    return tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header)
+    return tarfile.open(fileobj=stream, mode="r|", **how)
+
+
+def each_member(tf: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members of ``tf`` one by one, none kept by it (iterating a ``TarFile`` keeps every
+    member read, which for millions of members is gigabytes)."""
+    while (m := tf.next()) is not None:
+        cast(Any, tf).members.clear()
+        yield m
 
 
 # --- bounded, checked decompression ----------------------------------------------------------
@@ -127,23 +153,6 @@ class _Bounded:
         self.size += len(data)
         self.tree.charge(len(data), self.size, self.compressed)
         return data
-
-
-#: Magic numbers of the compressions a rootfs tarball may have.
-MAGIC = {
-    b"\x1f\x8b": "gzip",
-    b"\xfd7zXZ\x00": "xz",
-    b"\x28\xb5\x2f\xfd": "zstd",
-}
-
-
-def sniff(path: Path) -> str:
-    """The compression of the file at ``path`` by its magic number ("none" when it has none)."""
-    with path.open("rb") as f:
-        head = f.read(10)
-    if head.startswith(b"BZh") and head[3:4].isdigit() and head[4:10] == b"1AY&SY":
-        return "bzip2"  # "BZh" alone could begin a tar member's name
-    return next((name for magic, name in MAGIC.items() if head.startswith(magic)), "none")
 
 
 @contextlib.contextmanager
@@ -175,15 +184,90 @@ def open_stream(path: Path, compression: str, tree: Tree) -> Iterator[_Bounded]:
 
 
 @contextlib.contextmanager
-def located(tree: Tree) -> Iterator[None]:
-    """Turn tarfile's own errors, and the guarded header's, into errors naming the file."""
+def located(tree: Tree, head: Callable[[], bytes] | None = None) -> Iterator[None]:
+    """Turn tarfile's own errors, and the guarded header's, into errors naming the file. When
+    the very first header is not a tar header, ``head`` (the stream's first bytes) says what
+    the file is instead (a zip, a second compression, a web page …)."""
     try:
         yield
     except _Refused as exc:
+        what = describe(head()) if exc.first and head is not None else None
+        if what is not None:
+            raise CorruptArchive(
+                tree.where, f"is not a tar archive: it holds {what}", hint=NOT_TAR_HINT
+            ) from None
         cls = CorruptArchive if exc.corrupt else UnsafeArchive
         raise cls(tree.where, str(exc)) from None
     except tarfile.TarError as exc:
         raise CorruptArchive(tree.where, f"is not a readable tar archive ({exc})") from exc
+
+
+class _Head:
+    """A read-only stream that keeps the first bytes read through it (for :func:`describe`)."""
+
+    def __init__(self, f: Readable) -> None:
+        self.f, self.head = f, b""
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        if len(self.head) < 512:
+            self.head += data[: 512 - len(self.head)]
+        return data
+
+
+def file_head(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(512)
+
+
+def count_members(path: Path, tree: Tree) -> None:
+    """Walk the headers of the plain tarball at ``path`` (no member parsed, no data read: a
+    checksum and a size each, about a microsecond) and refuse it when it holds more members
+    than the tree's limit, before the full reading, which costs a hundred times more per
+    member. The walk stops, saying nothing, at the end or at anything it does not follow;
+    the full reading then decides."""
+    limit = tree.limits.max_members - tree.members
+    with path.open("rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            return
+    with mm:
+        end, at, count = len(mm), 0, 0
+        while at + 512 <= end:
+            block = mm[at : at + 512]
+            size = _header_size(block)
+            if size is None:
+                return
+            if block[156:157] not in _EXTENSIONS:
+                count += 1
+                if count > limit:
+                    raise tree.refuse(
+                        f"holds more than {tree.limits.max_members} members (the limit on "
+                        "members of one base)"
+                    )
+            at += 512 + -(-size // 512) * 512
+
+
+#: Header types that describe the next member rather than being one.
+_EXTENSIONS = {b"x", b"g", b"X", b"L", b"K"}
+
+
+def _header_size(block: bytes) -> int | None:
+    """The data size a tar header declares, or None when ``block`` is not a valid header (a
+    zero block, a bad checksum, a size that is not a number)."""
+    try:
+        if int(block[148:156].split(b"\0", 1)[0].strip(), 8) != sum(block) - sum(
+            block[148:156]
+        ) + 8 * ord(" "):
+            return None
+        field = block[124:136]
+        if field[0] & 0x80:
+            return int.from_bytes(field[1:], "big")
+        digits = field.split(b"\0", 1)[0].strip()
+        return int(digits, 8) if digits else 0
+    except ValueError:
+        return None
 
 
 # --- the readers ------------------------------------------------------------------------------
@@ -198,9 +282,10 @@ def tar_entries(tf: tarfile.TarFile, tree: Tree) -> list[Entry]:
     """
     entries: dict[str, Entry] = {}
     assert tf.fileobj is not None
-    end = os.fstat(tf.fileobj.fileno()).st_size  # type: ignore[attr-defined]
+    fd = tf.fileobj.fileno()  # type: ignore[attr-defined]
+    end = os.fstat(fd).st_size
     with located(tree):
-        for m in tf:
+        for m in each_member(tf):
             path = tree.admit(m)
             if path is None:
                 continue
@@ -216,21 +301,29 @@ def tar_entries(tf: tarfile.TarFile, tree: Tree) -> list[Entry]:
             elif m.isreg():
                 if m.offset_data + m.size > end:
                     raise CorruptArchive(tree.where, f"is truncated (member {m.name!r} is cut)")
-                entries[path] = Entry(
-                    path, Kind.FILE, mode, uid, gid, size=m.size, source=_opener(tf, m, tree)
-                )
+                source = cast(Opener, functools.partial(_Slice, fd, m.offset_data, m.size))
+                entries[path] = Entry(path, Kind.FILE, mode, uid, gid, size=m.size, source=source)
     tree.finish()
     return list(entries.values())
 
 
-def _opener(tf: tarfile.TarFile, m: tarfile.TarInfo, tree: Tree) -> Callable[[], IO[bytes]]:
-    def open_member() -> IO[bytes]:
-        with located(tree):
-            f = tf.extractfile(m)
-        assert f is not None
-        return f
+class _Slice(io.RawIOBase):
+    """``size`` bytes of the open file ``fd`` from ``offset`` (a member's data), read with
+    ``pread``: an entry holds three numbers instead of tarfile's member."""
 
-    return open_member
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        self.fd, self.pos, self.left = fd, offset, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        n = min(len(buf), self.left)
+        data = os.pread(self.fd, n, self.pos) if n else b""
+        buf[: len(data)] = data
+        self.pos += len(data)
+        self.left -= len(data)
+        return len(data)
 
 
 @dataclass(frozen=True)
@@ -244,8 +337,9 @@ def scan(stream: Readable, tree: Tree) -> Scan:
     """Read one layer's uncompressed tar ``stream`` through, every member checked by ``tree``
     (which holds what the lower layers made). Reads to the end of the stream."""
     members = files = file_bytes = 0
-    with located(tree), open_tar(stream) as tf:
-        for m in tf:
+    seen = _Head(stream)
+    with located(tree, lambda: seen.head), open_tar(seen, tree=tree) as tf:
+        for m in each_member(tf):
             tree.admit(m)
             members += 1
             if m.isreg():
@@ -266,8 +360,9 @@ def safe_extract(stream: IO[bytes], target: Path, *, where: str, tree: Tree | No
     root = os.path.realpath(target)
     count = 0
     written: set[str] = set()  # an opaque whiteout hides lower layers, not this one
-    with located(tree), open_tar(stream) as tf:
-        for m in tf:
+    seen = _Head(stream)
+    with located(tree, lambda: seen.head), open_tar(seen, tree=tree) as tf:
+        for m in each_member(tf):
             path = tree.admit(m)
             if path is None or is_device(m):
                 continue

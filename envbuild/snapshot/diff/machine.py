@@ -8,7 +8,7 @@ import logging
 
 from envbuild.snapshot.diff.envfacts import env_facts
 from envbuild.snapshot.diff.facts import Fact, Side, count_text, flag_text, size_text
-from envbuild.snapshot.diff.manifest import layer_facts, ref_facts
+from envbuild.snapshot.diff.manifest import layer_facts, ref_facts, setid_facts
 from envbuild.snapshot.model import Snapshot
 from envbuild.snapshot.model.gpu import Gpu
 from envbuild.snapshot.model.pyenv import PythonEnv
@@ -145,6 +145,7 @@ def snapshot_facts(snap: Snapshot, label: str) -> Side:
         if "image" not in side.groups.get("refs", ("", True, {}))[2]:
             side.put("refs", "spec, lock and image", "image", Fact(snap.image.manifest_sha256))
         layer_facts(side, snap.image.manifest)
+        setid_facts(side, snap.image.manifest)
     if snap.spec is not None:  # ... unless a spec was named
         side.put(
             "refs",

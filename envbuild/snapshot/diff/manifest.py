@@ -83,6 +83,19 @@ def layer_facts(side: Side, data: dict[str, Any]) -> None:
         side.put("layers", "image layers", name, Fact(digest, size=size))
 
 
+def setid_facts(side: Side, data: dict[str, Any]) -> None:
+    """The setuid and setgid files a build manifest's base keeps (path -> octal mode); a
+    manifest from before they were recorded has none."""
+    base = data.get("base")
+    setid = base.get("setid") if isinstance(base, dict) else None
+    if not isinstance(setid, dict):
+        return
+    title = "setuid/setgid files (base)"
+    side.group("setid", title)
+    for path, mode in setid.items():
+        side.put("setid", title, str(path), Fact(str(mode)))
+
+
 def build_manifest_facts(data: dict[str, Any], label: str) -> Side:
     """A build manifest (envbuild's, or one that lists packages) reduced to facts: packages,
     patches, layers and what it was built from."""
@@ -101,6 +114,7 @@ def build_manifest_facts(data: dict[str, Any], label: str) -> Side:
     if pkgs is not None:
         _manifest_patch_facts(side, data)
     layer_facts(side, data)
+    setid_facts(side, data)
     ref_facts(side, data)
     if not side.groups:
         raise ManifestError(

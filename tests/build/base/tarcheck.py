@@ -122,3 +122,57 @@ def listing(root: Path, skip: tuple[str, ...] = ()) -> list[str]:
         if not rel.startswith(skip):
             out.append(rel)
     return sorted(out)
+
+
+def pax_member(
+    name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", link: str = ""
+) -> tuple[tarfile.TarInfo, bytes]:
+    """A member whose name (and link) travel in PAX ``path`` / ``linkpath`` records, as they
+    are given (a NUL, or anything else, kept): the header's own fields say ``placeholder``."""
+    info = tarfile.TarInfo("placeholder")
+    info.type = kind
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    info.pax_headers = {"path": name}
+    if link:
+        info.linkname = "placeholder"
+        info.pax_headers["linkpath"] = link
+    return info, data
+
+
+def pax_tar(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for info, data in members:
+            tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return buf.getvalue()
+
+
+def oci_layout(root: Path, layers_raw: list[bytes]) -> Path:
+    """An OCI image layout at ``root`` holding one image of the (uncompressed) tar layers
+    ``layers_raw``, gzip-compressed, with a config whose diff_ids match: what any tool writes."""
+    import json
+
+    blobs = root / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put(data: bytes, media_type: str) -> dict[str, object]:
+        (blobs / sha256(data)).write_bytes(data)
+        return {"mediaType": media_type, "digest": f"sha256:{sha256(data)}", "size": len(data)}
+
+    layers = [put(gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+              for raw in layers_raw]  # fmt: skip
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{sha256(r)}" for r in layers_raw]},
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": put(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "layers": layers,
+    }
+    desc = put(json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [desc]}))
+    return root

@@ -241,7 +241,7 @@ def test_expansion_is_bounded(tmp_path):
 def test_the_documented_defaults():
     limits = Limits()
     assert (limits.max_bytes, limits.max_ratio, limits.ratio_free) == (64 * GIB, 100, GIB)
-    assert limits.max_members == 2_000_000
+    assert limits.max_members == 1_000_000
     assert Limits.of(200) == Limits(max_bytes=200 * GIB, max_ratio=None)
 
 
