@@ -107,9 +107,14 @@ def _get(api: RegistryApi, path: str, accept: tuple[str, ...]) -> bytes | None:
     return body
 
 
-def push_referrers(api: RegistryApi, layout: Path, subject: str) -> list[str]:
+def push_referrers(
+    api: RegistryApi, layout: Path, subject: str, *, pushed_as: dict[str, Any] | None = None
+) -> list[str]:
     """Push every artifact of ``layout`` that refers to ``subject`` (already in the registry);
-    returns their manifest digests."""
+    returns their manifest digests. ``pushed_as`` is the descriptor of the manifest the registry
+    got instead of ``subject`` (an engine recompresses the layers: same config, another
+    manifest): each artifact is then pushed with that as its subject, a new manifest around
+    the same blobs."""
     pushed = []
     fallback: list[dict[str, Any]] = []
     for desc in layout_referrers(layout, subject):
@@ -117,9 +122,14 @@ def push_referrers(api: RegistryApi, layout: Path, subject: str) -> list[str]:
         manifest = json.loads(data)
         for blob in [manifest["config"], *manifest.get("layers", [])]:
             _upload(api, layout, blob)
+        if pushed_as is not None:
+            data = compact_json({**manifest, "subject": pushed_as})
+            desc = {**desc, "digest": _sha(data), "size": len(data)}
         if not _put_manifest(api, str(desc["digest"]), data, OCI_MANIFEST):
             fallback.append(desc)
         pushed.append(str(desc["digest"]))
+    if pushed_as is not None:
+        subject = str(pushed_as["digest"])
     if fallback:
         tag = _fallback_tag(subject)
         old = _get(api, f"/v2/{api.repository}/manifests/{tag}", (OCI_INDEX,))
