@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 #: Where ``envbuild dockerfile -o FILE`` puts the wheels envbuild built or patched, beside FILE;
 #: the Dockerfile COPYs them from there (the build context is FILE's folder).
 WHEELS_DIR = "envbuild-wheels"
+#: Where it puts the CA bundle of ``$SSL_CERT_FILE`` (:data:`CA_FILE`), which the Dockerfile's
+#: install stage COPYs and hands to pip and uv; the image never holds it. The folder is always
+#: made (empty without ``$SSL_CERT_FILE``): a COPY of a folder that is not there fails.
+CA_DIR = "envbuild-ca"
+CA_FILE = "ca.pem"
 #: Where it puts a rootfs base's tarball, which the Dockerfile ADDs to ``FROM scratch``.
 BASE_DIR = "envbuild-base"
 
@@ -84,7 +89,8 @@ def make_dockerfile(
     builds or patches installs the wheels of its last ``envbuild build``, whose output folder is
     ``build`` (default ``<repo>/images/<spec-name>``) and whose wheels ``store`` holds. With
     ``output``, the Dockerfile is written there and its build context beside it: a rootfs base's
-    tarball in :data:`BASE_DIR`, the store's wheels in :data:`WHEELS_DIR`."""
+    tarball in :data:`BASE_DIR`, the store's wheels in :data:`WHEELS_DIR`, ``$SSL_CERT_FILE`` in
+    :data:`CA_DIR`."""
     lock, lock_hash = load_lock(loaded)
     manifest = read_build_manifest(build or loaded.root / "images" / loaded.name)
     result = render_dockerfile(
@@ -96,6 +102,7 @@ def make_dockerfile(
     )
     if output is not None:
         copy_base(loaded, output.parent / BASE_DIR)
+        copy_ca_bundle(output.parent / CA_DIR)
         if result.wheels:
             copy_wheels(store, result.wheels, output.parent / WHEELS_DIR)
         write_atomic(output, result.text)
@@ -244,6 +251,8 @@ def render_dockerfile(
             cmd=config.cmd,
             store_wheels=extra,
             wheels_dir=WHEELS_DIR,
+            ca_dir=CA_DIR,
+            ca_file=CA_FILE,
         )
     )
     return Dockerfile(text, base_ref(loaded, lock), requirements, extra)
@@ -262,6 +271,25 @@ def copy_base(loaded: LoadedSpec, dest: Path) -> Path | None:
     except OSError:
         shutil.copyfile(tarball, target)
     return target
+
+
+def copy_ca_bundle(dest: Path) -> Path | None:
+    """Make ``dest`` (the Dockerfile's :data:`CA_DIR`) and copy ``$SSL_CERT_FILE`` into it as
+    :data:`CA_FILE` when it is set: a file in the build context has no size limit (a build arg
+    is one argument of at most 128 KiB, less than a usual bundle)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    bundle = os.environ.get("SSL_CERT_FILE")
+    if not bundle:
+        return None
+    try:
+        with open(bundle, "rb") as f, atomic_writer(dest / CA_FILE, 0o644) as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+    except OSError as exc:
+        raise UserError(
+            f"cannot copy $SSL_CERT_FILE ({bundle}) into {dest}: {exc.strerror}",
+            hint="point SSL_CERT_FILE at a readable CA bundle, or unset it",
+        ) from None
+    return dest / CA_FILE
 
 
 def copy_wheels(store: Store, wheels: list[StoreWheel], dest: Path) -> list[Path]:

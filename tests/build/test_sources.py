@@ -247,7 +247,7 @@ def test_the_dockerfile_installs_the_wheels_envbuild_made(
     )
     assert "CEXT_GREETING=hej" in text and "specs/patches/tinypatch.patch" in text
     assert "tinypatch==1.0 " not in text  # the unpatched wheel is not installed
-    assert "FROM scratch\n" in text and "\nADD envbuild-base/rootfs.tar /\n" in text
+    assert "FROM scratch AS base\n" in text and "\nADD envbuild-base/rootfs.tar /\n" in text
     assert (repo / "docker" / "envbuild-base" / "rootfs.tar").read_bytes() == (
         repo / "rootfs.tar"
     ).read_bytes()
