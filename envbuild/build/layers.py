@@ -26,7 +26,6 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from enum import StrEnum
 from pathlib import Path
 from typing import IO
 
@@ -36,18 +35,13 @@ from envbuild import proc
 from envbuild.build.entries import Entry, LayerError, arrange, normalize_path, tree_entries
 from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar, write_tree
 from envbuild.errors import UserError
+from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
 
 #: 1 MiB buffers circulating between the tar writer and the thread hashing and feeding them on.
 BUFFERS = 4
-
-
-class Compression(StrEnum):
-    ZSTD = "zstd"
-    GZIP = "gzip"
-    NONE = "none"
 
 
 MEDIA_TYPES = {

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from envbuild.build import image, layers
+from envbuild.build import image, layers, noop
 from envbuild.build.basestage import base_stage
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import VenvTarget, WheelRef
@@ -55,7 +55,8 @@ from envbuild.build.planner import (
 from envbuild.build.sbom import image_sbom
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import EnvbuildError, EnvironmentFailure
-from envbuild.lock import Lock
+from envbuild.lock import Lock, find_lock
+from envbuild.lock.base import spec_path
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.sources import SourceOutcome, realize_sources
@@ -138,6 +139,17 @@ def build(
     """
     start = time.perf_counter()
     timings: dict[str, float] = {}
+    options = builder or BuilderOptions()
+    request = noop.Request.of(
+        loaded.path,
+        output,
+        compression=compression.value,
+        docker_archive=docker_archive,
+        builder=options.mode,
+        builder_network=options.network,
+    )
+    # taken before the build reads anything: what changes while it runs is not recorded as built
+    fingerprint, inputs = (None, None) if dry_run else (noop.fingerprint(), _inputs(loaded))
     with stage("plan", timings):
         lock, lock_hash = load_lock(loaded)
         plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
@@ -206,6 +218,7 @@ def build(
 
         # two builds into one folder take turns, each writing the folder and then its root
         with store.lock_output(out):
+            noop.forget(store.root, request)  # written again below once the folder is whole
             with stage("image", timings):
                 manifest = write_outputs(
                     plan,
@@ -236,8 +249,22 @@ def build(
                     ],
                     output=out,
                     image=manifest.image,
-                    files=output_files(out, manifest),
+                    files=(files := output_files(out, manifest)),
                 )
+                if fingerprint is not None and inputs and lock_hash in inputs.values():
+                    noop.write_record(
+                        store.root,
+                        request,
+                        fingerprint=fingerprint,
+                        inputs=inputs,
+                        output=out,
+                        image=manifest.image,
+                        files=files,
+                        sources=[
+                            {"kind": o.kind, "dist": o.dist, "version": o.version, "key": o.key}
+                            for o in made.outcomes
+                        ],
+                    )
     result.manifest = manifest
     result.wall = time.perf_counter() - start
     # the stages overlap (the base is made beside the layers), so they do not add up to the wall
@@ -248,6 +275,21 @@ def build(
         result.wall,
     )
     return result
+
+
+def _inputs(loaded: LoadedSpec) -> dict[str, str] | None:
+    """The sha256 of every file ``loaded``'s image is made from (:mod:`.noop`): the spec and
+    what it extends, its patches, its lock, a base layout's index; None when one is missing
+    (the build fails on it, and records nothing)."""
+    files = [*loaded.files, *(p for ps in loaded.patch_files().values() for p in ps)]
+    files.append(find_lock(loaded))
+    base = loaded.spec.base
+    if base.kind == "oci-layout":
+        files.append(spec_path(loaded, ("base", "path"), base.path) / "index.json")
+    try:
+        return noop.inputs_of(files)
+    except OSError:
+        return None
 
 
 def source_builder(

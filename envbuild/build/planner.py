@@ -30,14 +30,11 @@ from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
 from envbuild.fsio import sha256_file
 from envbuild.lock import Lock, find_lock, read_lock
+from envbuild.oci import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.sourcebuild.requests import describe
 from envbuild.spec import LoadedSpec
 
 log = logging.getLogger(__name__)
-
-#: Layer compression unless asked otherwise: zstd packs several times faster than gzip; gzip is
-#: read by every tool (umoci 0.4, Docker before 23).
-COMPRESSION = layers.Compression.ZSTD
 
 
 def load_lock(loaded: LoadedSpec) -> tuple[Lock, str]:

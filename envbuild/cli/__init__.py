@@ -1,48 +1,25 @@
 """The command line: parse, call the core, render the result, map errors to exit codes.
 
-Each command lives in its own module under ``envbuild.cli`` and exposes ``register(subparsers)``,
-which adds its parser and sets ``func`` to a function ``(args) -> int``. Commands never catch
-envbuild errors themselves: :func:`main` decides how every kind of error looks.
+Each command lives in its own module under ``envbuild.cli`` (listed in
+:mod:`envbuild.cli.commands`) and exposes ``register(parser)``, which fills in its parser and sets
+``func`` to a function ``(args) -> int``; a module is imported only when argv names its command.
+Commands never catch envbuild errors themselves: :func:`main` decides how every kind of error looks.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import traceback
 from collections.abc import Sequence
 
 from envbuild import __version__
-from envbuild.cli import render
+from envbuild.cli import commands, render
 from envbuild.errors import EnvbuildError, ExitCode, SpecError
 
-#: Commands, in the order ``--help`` lists them; each is ``envbuild.cli.<name>``.
-COMMANDS: tuple[str, ...] = (
-    "validate",
-    "show",
-    "lock",
-    "push",
-    "pull",
-    "ci",
-    "snapshot",
-    "diff",
-    "verify",
-    "build",
-    "dockerfile",
-    "load",
-    "gc",
-    "store",
-    "apply",
-    "generations",
-    "rollback",
-    "render",
-)
-#: Commands whose module has another name.
-_MODULES = {"render": "render_host"}
-
-_COMMAND_NAMES = frozenset(COMMANDS)
+#: Command names, in the order ``--help`` lists them (the table: :mod:`envbuild.cli.commands`).
+COMMANDS: tuple[str, ...] = tuple(c.name for c in commands.COMMANDS)
 
 EXIT_CODES_HELP = """\
 exit codes:
@@ -56,8 +33,9 @@ exit codes:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or (``only``) of that one command in full and the others as
-    bare names: a command module imports the core it drives, and a snapshot should not pay for
-    importing the build, lock and apply stages first (half a second of start-up)."""
+    bare names. A command's module imports the core it drives, so only the one argv names is
+    imported: ``envbuild --help`` lists the commands from :mod:`envbuild.cli.commands` alone,
+    and a snapshot does not pay for importing the build, lock and apply stages first."""
     parser = argparse.ArgumentParser(
         prog="envbuild",
         description="Declarative, reproducible environments and OCI images for GPU serving.",
@@ -70,12 +48,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        if only is not None and name != only:
-            sub.add_parser(name)  # never parsed further: argv names another command
-            continue
-        module = importlib.import_module(f"envbuild.cli.{_MODULES.get(name, name)}")
-        module.register(sub)
+    for command in commands.COMMANDS:
+        p = commands.command_parser(sub, command)
+        if command.name == only:  # the others are never parsed further: argv names this one
+            commands.register(p, command)
     return parser
 
 
@@ -86,7 +62,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
         if arg == "--":
             return None
         if not arg.startswith("-"):
-            return arg if arg in _COMMAND_NAMES else None
+            return arg if arg in commands.BY_NAME else None
     return None
 
 

@@ -6,7 +6,6 @@ import argparse
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.checks import PreflightReport, Status
@@ -19,7 +18,7 @@ from envbuild.apply.wheels import StoreWheels
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.registry import get_transport
 from envbuild.store.remote import CachedStore, CacheStats
@@ -41,17 +40,14 @@ def add_root_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "apply",
-        help="build the spec's environment as a new generation, fetch the model, switch the "
-        "vLLM unit to it",
-        description="Check the machine (all at once), build an immutable generation from the "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Check the machine (all at once), build an immutable generation from the "
         "lock, fetch the model at its pinned revision, install the vLLM unit, stop the old "
         "experiment's unit, start the new one and wait until it is healthy. Any failure puts "
         "the previous generation and unit back; a switch cut short by a kill is undone by the "
         "next apply, rollback or generations (or --recover). A SNAPSHOT (.json) is recreated "
-        "from the spec and lock it names.",
+        "from the spec and lock it names."
     )
     p.add_argument("source", metavar="SPEC|SNAPSHOT", nargs="?")
     p.add_argument(

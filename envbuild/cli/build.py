@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import threading
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
-from envbuild.build.layers import Compression
-from envbuild.build.pipeline import BuilderOptions, ImageBuild, build
-from envbuild.build.plan import Plan
-from envbuild.build.planner import COMPRESSION
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
-from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
+from envbuild.oci import COMPRESSION, Compression
 from envbuild.progress import NULL, Progress, Task
-from envbuild.registry import compat as engines
-from envbuild.registry import get_transport
-from envbuild.spec import load_spec
-from envbuild.store.core import Store, default_store
-from envbuild.store.remote import CachedStore
+
+if TYPE_CHECKING:
+    from envbuild.build.pipeline import ImageBuild
+    from envbuild.build.plan import Plan
 
 DEFAULT_SPEC = "specs/quickstart.toml"
 
@@ -57,14 +55,12 @@ def add_builder_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "build",
-        help="build the OCI image of a spec from its lock (no Docker daemon)",
-        description="Build SPEC's image from its lock: a base, the venv, one layer per big "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Build SPEC's image from its lock: a base, the venv, one layer per big "
         "distribution, grouped small ones, vLLM on top. Unchanged layers come from the store. "
         "Writes images/<spec>/ (OCI layout, docker-load archive, build-manifest.json) and "
-        "prints the image digest last.",
+        "prints the image digest last."
     )
     p.add_argument(
         "spec", metavar="SPEC", nargs="?", default=DEFAULT_SPEC, help=f"default: {DEFAULT_SPEC}"
@@ -86,6 +82,32 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    if not args.dry_run and not args.cache:  # a cache is pushed to by every build, no-ops too
+        from envbuild.build import noop
+        from envbuild.store.blobs import default_root
+
+        request = noop.Request.of(
+            args.spec,
+            args.output,
+            compression=args.compression,
+            docker_archive=args.docker_archive,
+            builder=args.builder,
+            builder_network=args.builder_network,
+        )
+        store_root = Path(args.store).absolute() if args.store else default_root().absolute()
+        if (done := noop.check(store_root, request)) is not None:
+            return _up_to_date(args, done, time.perf_counter() - start)
+    # the build's stages are imported here: a no-op rebuild that can tell it is one from a stat
+    # of the output folder and its inputs (envbuild.build.noop) needs none of them
+    from envbuild.build.pipeline import BuilderOptions, build
+    from envbuild.cli.engineopts import docker_engine
+    from envbuild.registry import compat as engines
+    from envbuild.registry import get_transport
+    from envbuild.spec import load_spec
+    from envbuild.store.core import Store, default_store
+    from envbuild.store.remote import CachedStore
+
     loaded = load_spec(args.spec)
     store = Store(args.store) if args.store else default_store()
     if args.cache and not args.dry_run:
@@ -137,9 +159,17 @@ def add_compression_arg(p: argparse.ArgumentParser) -> None:
         "--compression",
         choices=[c.value for c in (Compression.ZSTD, Compression.GZIP)],
         default=COMPRESSION.value,
-        help=f"layer compression (default: %(default)s). zstd is read by "
-        f"{engines.readers('zstd')}; gzip by every tool (Debian 12's skopeo 1.9 and umoci "
-        "0.4.7, and upstream Docker 20.10, need it). Part of every layer's key",
+        help=render.LaterHelp(_compression_help),
+    )
+
+
+def _compression_help() -> str:
+    from envbuild.registry import compat as engines
+
+    return (
+        f"layer compression (default: %(default)s). zstd is read by {engines.readers('zstd')}; "
+        "gzip by every tool (Debian 12's skopeo 1.9 and umoci 0.4.7, and upstream Docker 20.10, "
+        "need it). Part of every layer's key"
     )
 
 
@@ -191,24 +221,65 @@ def build_lines(result: ImageBuild) -> list[str]:
     build and patch, each layer rebuilt or cached, and the wall time."""
     assert result.manifest is not None and result.output is not None
     m = result.manifest
+    return summary_lines(
+        m.spec,
+        [layer.model_dump(mode="json") for layer in m.layers],
+        result.sources,
+        rebuilt=result.rebuilt,
+        output=result.output,
+        wall=result.wall,
+    )
+
+
+def summary_lines(
+    spec: str,
+    layers: list[dict[str, Any]],
+    sources: Sequence[Any],
+    *,
+    rebuilt: Collection[str],
+    output: Path,
+    wall: float,
+) -> list[str]:
+    """:func:`build_lines` from the manifest's layers (as JSON) and the source outcomes (each
+    with ``kind``, ``dist``, ``version``, ``key``, ``reused``, ``changes``, ``previous``)."""
     lines = []
-    for src in result.sources:
+    for src in sources:
         state = "reused" if src.reused else "built"
         lines.append(f"{src.kind} {src.dist} {src.version}  {src.key[:12]}  {state}")
         if src.changes:
             since = f" since {src.previous[:12]}" if src.previous else ""
             lines.append(f"  inputs changed{since}: {'; '.join(src.changes)}")
-    for layer in m.layers:
-        state = "rebuilt" if layer.name in result.rebuilt else "cached"
-        if layer.kind == "base":
+    for layer in layers:
+        state = "rebuilt" if layer["name"] in rebuilt else "cached"
+        if layer["kind"] == "base":
             state = "base"
-        lines.append(f"{layer.name:<28} {_mb(layer.size):>11}  {layer.digest[:19]}  {state}")
-    took = result.wall  # the stages overlap (the base beside the layers): their sum is not
+        lines.append(
+            f"{layer['name']:<28} {_mb(layer['size']):>11}  {layer['digest'][:19]}  {state}"
+        )
+    # the stages overlap (the base beside the layers): their sum is not the wall time
     lines.append(
-        f"built {m.spec}: {len(m.layers)} layers ({len(result.rebuilt)} rebuilt) in {took:.1f} s "
-        f"-> {result.output}"
+        f"built {spec}: {len(layers)} layers ({len(rebuilt)} rebuilt) in {wall:.1f} s -> {output}"
     )
     return lines
+
+
+def _up_to_date(args: argparse.Namespace, done: Any, wall: float) -> int:
+    """Say what a no-op build says, from the folder's manifest: nothing was rebuilt."""
+    manifest = json.loads(done.manifest)
+    if args.json:
+        render.emit_json(manifest)
+        return ExitCode.OK
+    sources = [SimpleNamespace(**s, reused=True, changes=[], previous=None) for s in done.sources]
+    for line in summary_lines(
+        manifest["spec"], manifest["layers"], sources, rebuilt=(), output=done.output, wall=wall
+    ):
+        render.note(line)
+    from envbuild.registry import compat as engines
+
+    if note := engines.compression_note(args.compression):
+        render.note(note)
+    render.echo(done.image)
+    return ExitCode.OK
 
 
 # --- progress on a terminal -------------------------------------------------------------------

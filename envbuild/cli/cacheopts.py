@@ -1,14 +1,15 @@
 """``--cache REGISTRY/REPO`` and ``--cache-read-only``: the remote build cache, for every command
-that builds (``envbuild build``, ``envbuild ci``)."""
+that builds (``envbuild build``, ``envbuild ci``). Light: the store and registry are imported
+only when a cache is used."""
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from envbuild.cli.engineopts import docker_engine
-from envbuild.registry import Endpoint, Transport, parse_repo
-from envbuild.store.core import Store
-from envbuild.store.remote import CachedStore, RemoteCache
+if TYPE_CHECKING:
+    from envbuild.registry import Endpoint, Transport
+    from envbuild.store.core import Store
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,10 @@ def store_with_cache(
     """``store`` behind the remote cache ``--cache`` names (``store`` itself without one)."""
     if not args.cache:
         return store
+    from envbuild.cli.engineopts import docker_engine
+    from envbuild.registry import parse_repo
+    from envbuild.store.remote import CachedStore, RemoteCache
+
     remote = RemoteCache(
         parse_repo(args.cache, what="--cache"),
         endpoint=endpoint,

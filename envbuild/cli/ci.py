@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.build.layers import Compression
 from envbuild.ci import BuildOutput, discover_specs, human_size, run_ci, summary_markdown
@@ -12,7 +11,7 @@ from envbuild.cli import render
 from envbuild.cli.build import add_builder_args, add_compression_arg
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
 from envbuild.registry import compat as engines
 from envbuild.registry import get_transport, parse_repo
@@ -20,14 +19,12 @@ from envbuild.spec.load import LoadedSpec, find_root
 from envbuild.store.core import Store, default_store
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "ci",
-        help="check every lock, build every image, push, write a markdown summary",
-        description="For each SPEC (default: every specs/*.toml of the repository): check its "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "For each SPEC (default: every specs/*.toml of the repository): check its "
         "lock is current, build its image, push it to REGISTRY/REPO:<spec name> with --push, "
         "and write a summary table (spec, image digest, size, layers reused vs new) to "
-        "--summary. Exit code: 0 all built, 1 a lock is stale, 2/3 a spec or build failed.",
+        "--summary. Exit code: 0 all built, 1 a lock is stale, 2/3 a spec or build failed."
     )
     p.add_argument("specs", nargs="*", metavar="SPEC", type=Path)
     p.add_argument("--push", metavar="REGISTRY/REPO", help="push each image, tagged by spec name")

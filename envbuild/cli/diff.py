@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode
@@ -12,15 +11,11 @@ from envbuild.snapshot.diff.compare import diff_files
 from envbuild.snapshot.diff.render import render_text
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "diff",
-        help="compare two snapshots (or a snapshot and a build manifest)",
-        description=(
-            "Compare A and B, grouped like `nix store diff-closures`: package versions with size "
-            "deltas, driver/CUDA/GPU, files modified since install, services, models, layers. "
-            "Exit 0 when equal, 1 when different."
-        ),
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Compare A and B, grouped like `nix store diff-closures`: package versions with size "
+        "deltas, driver/CUDA/GPU, files modified since install, services, models, layers. "
+        "Exit 0 when equal, 1 when different."
     )
     p.add_argument("a", metavar="A")
     p.add_argument("b", metavar="B")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
 
 from envbuild.build.dockerfile import CA_DIR, WHEELS_DIR, make_dockerfile
 from envbuild.cli import render
@@ -16,12 +15,10 @@ from envbuild.store.core import Store, default_store
 log = logging.getLogger(__name__)
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "dockerfile",
-        help="render a Dockerfile equivalent to `envbuild build` (for docker users)",
-        description="Render SPEC's image as a Dockerfile: FROM the base, apt packages, the "
-        "lock's wheels installed with uv and checked hashes, the same env, command and labels.",
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Render SPEC's image as a Dockerfile: FROM the base, apt packages, the "
+        "lock's wheels installed with uv and checked hashes, the same env, command and labels."
     )
     p.add_argument("spec", metavar="SPEC")
     p.add_argument(

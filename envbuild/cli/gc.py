@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
 
 from envbuild import scratch
 from envbuild.cli import render
@@ -15,16 +14,14 @@ from envbuild.store.gc import collect
 log = logging.getLogger(__name__)
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "gc",
-        help="remove store blobs and derivations that no image or root refers to",
-        description="Remove every blob and derivation of the store that no root keeps alive, "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Remove every blob and derivation of the store that no root keeps alive, "
         "and temporary files that killed builds left (in the store, in /dev/shm and in the "
         "temporary directory). Each output folder of `envbuild build` is a root (as a Nix "
         "out-link is) as long as it holds the image built into it: removing the folder, or "
         "building another image into it, lets go of the old image. Waits until running "
-        "builds on the store finish.",
+        "builds on the store finish."
     )
     p.add_argument(
         "--store",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.manage import gc, list_infos, recover_pending
@@ -13,13 +12,11 @@ from envbuild.cli.apply import add_root_flags, show_recovery
 from envbuild.errors import ExitCode
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "generations",
-        help="list the generations apply built (spec, date, which is current); --gc removes old",
-        description="List the generations under the state dir. --verify checks each one's files "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "List the generations under the state dir. --verify checks each one's files "
         "(exit 1 if one was modified); --gc removes all but the --keep newest (never the "
-        "current one). A switch cut short by a kill is undone first.",
+        "current one). A switch cut short by a kill is undone first."
     )
     add_root_flags(p)
     p.add_argument("--verify", action="store_true", help="check every file of each generation")

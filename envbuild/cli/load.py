@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE
 from envbuild.build.load import load_into_engine
@@ -14,13 +13,11 @@ from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "load",
-        help="load a built image into a Docker engine",
-        description=f"Load the image in DIR (the output folder of `envbuild build`, holding "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        f"Load the image in DIR (the output folder of `envbuild build`, holding "
         f"{DOCKER_ARCHIVE}, or that tar itself) into the Docker engine named by $DOCKER_HOST "
-        "(or --host, or the default socket), and print the loaded image's id and tags.",
+        "(or --host, or the default socket), and print the loaded image's id and tags."
     )
     p.add_argument("path", metavar="DIR", type=Path)
     p.add_argument("--host", metavar="URL", help="the engine (default: $DOCKER_HOST)")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
@@ -19,16 +18,14 @@ from envbuild.spec.validate import validate
 from envbuild.store.core import Store
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "lock",
-        help="resolve a spec's Python packages into lockfiles/pylock.<name>.toml",
-        description="Resolve each SPEC with uv for its target (Python version, platform tag, "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Resolve each SPEC with uv for its target (Python version, platform tag, "
         "torch index, exclude-newer cutoff) and write lockfiles/pylock.<spec-name>.toml "
         "(PEP 751). A Debian base's package set is pinned with its .deb hashes: taken from "
         "the existing lock while the spec's [base] and cutoff are unchanged, resolved with "
         "mmdebstrap otherwise. With --check, resolve nothing: exit 1 and say what changed when "
-        "a lock no longer matches its spec, 0 when it does.",
+        "a lock no longer matches its spec, 0 when it does."
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (TOML)")
     p.add_argument(

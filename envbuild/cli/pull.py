@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.registry import get_transport, parse_ref, pull
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "pull",
-        help="pull an image into a new OCI layout, verifying every blob",
-        description="Pull REGISTRY/REPO:TAG (or @sha256:DIGEST) into the new folder DIR as an "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Pull REGISTRY/REPO:TAG (or @sha256:DIGEST) into the new folder DIR as an "
         "OCI image layout. The manifest digest and the sha256 of every blob are checked; a "
-        "copy that does not match is refused and DIR is not created.",
+        "copy that does not match is refused and DIR is not created."
     )
     p.add_argument("source", metavar="REGISTRY/REPO[:TAG|@DIGEST]")
     p.add_argument("dest", metavar="DIR", type=Path, help="a folder that does not exist yet")

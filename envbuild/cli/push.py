@@ -4,40 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.ci import human_size
 from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.registry import Endpoint, PushResult, get_transport, parse_ref, push
+from envbuild.registry import PushResult, get_transport, parse_ref, push
 from envbuild.registry import compat as engines
-
-
-def add_registry_args(p: argparse.ArgumentParser) -> None:
-    """Options every command that talks to a registry shares."""
-    g = p.add_argument_group("registry connection")
-    g.add_argument(
-        "--insecure",
-        action="store_true",
-        help="allow plain HTTP and unverified TLS (a loopback or lab registry)",
-    )
-    g.add_argument(
-        "--cert-dir",
-        type=Path,
-        metavar="DIR",
-        help="trust the CA certificates DIR/*.crt (default: /etc/containers/certs.d/HOST)",
-    )
-    g.add_argument(
-        "--transport",
-        choices=("auto", "skopeo", "docker"),
-        default="auto",
-        help="copy with skopeo (default when installed) or through a Docker engine",
-    )
-
-
-def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
-    return Endpoint(insecure=args.insecure, cert_dir=args.cert_dir)
 
 
 def describe_push(result: PushResult) -> list[str]:
@@ -58,15 +32,13 @@ def describe_push(result: PushResult) -> list[str]:
     return out
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "push",
-        help="push an OCI image layout to a registry (blobs it has are not sent again)",
-        description="Push the image in the OCI layout DIR to REGISTRY/REPO:TAG. Blobs the "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Push the image in the OCI layout DIR to REGISTRY/REPO:TAG. Blobs the "
         "registry already has are not uploaded again; the digest the registry reports is "
         "checked against the layout's. Credentials come from the Docker config "
         "($DOCKER_CONFIG, ~/.docker/config.json) or the containers auth file "
-        "($REGISTRY_AUTH_FILE).",
+        "($REGISTRY_AUTH_FILE)."
     )
     p.add_argument(
         "layout",

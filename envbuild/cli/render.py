@@ -5,9 +5,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from envbuild.fsio import canonical_json
+
+
+class LaterHelp(str):
+    """A help text made only when ``--help`` shows it (argparse fills a help text in with
+    ``help % params``): for one whose facts cost an import that the command's parser should not
+    pay for, as every command's parser is made before it runs."""
+
+    _make: Callable[[], str]
+
+    def __new__(cls, make: Callable[[], str]) -> LaterHelp:
+        text = super().__new__(cls, "(made when shown)")
+        text._make = make
+        return text
+
+    def __mod__(self, params: Any) -> str:
+        text: str = self._make() % params
+        return text
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

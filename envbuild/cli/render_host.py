@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from envbuild.apply.host import real_host
 from envbuild.apply.hostsetup import render_host_setup
@@ -19,13 +18,8 @@ from envbuild.fsio import write_atomic
 from envbuild.spec import load_spec
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "render",
-        help="render files for people to use: host-setup (driver + CUDA toolkit script), unit "
-        "(the vLLM systemd unit apply would install)",
-        description="Render a file from a spec. envbuild never runs what it renders here.",
-    )
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = "Render a file from a spec. envbuild never runs what it renders here."
     what = p.add_subparsers(dest="what", metavar="WHAT", required=True)
     hs: argparse.ArgumentParser = what.add_parser(
         "host-setup",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
-from typing import Any
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.manage import rollback
@@ -14,15 +13,13 @@ from envbuild.cli.apply import _interrupt, add_root_flags, show_recovery
 from envbuild.errors import ExitCode, UsageError
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "rollback",
-        help="switch back to the previous generation (or --to N) and restart its unit",
-        description="Point `current` back at an earlier generation, install its unit, stop the "
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Point `current` back at an earlier generation, install its unit, stop the "
         "current one and start it, waiting for its health endpoint. A failure puts everything "
         "back. A switch cut short by a kill is undone first; if it was an apply, that is the "
         "rollback. Services that are not envbuild's and that the current generation's apply "
-        "stopped to free GPU memory are started again with --yes.",
+        "stopped to free GPU memory are started again with --yes."
     )
     add_root_flags(p)
     p.add_argument("n", type=int, nargs="?", metavar="N", help="the generation to switch to")

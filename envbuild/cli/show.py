@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.spec import load_spec
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "show",
-        help="print the fully merged spec (extends resolved, defaults filled in)",
-        description="Print SPEC after its extends are merged and defaults are filled in.",
-    )
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = "Print SPEC after its extends are merged and defaults are filled in."
     p.add_argument("spec", metavar="SPEC")
     render.add_json_flag(p)
     p.set_defaults(func=run)

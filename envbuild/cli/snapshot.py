@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
@@ -14,16 +13,12 @@ from envbuild.snapshot import Options, Snapshot, take_snapshot
 from envbuild.snapshot.systemd import DEFAULT_PATTERN
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "snapshot",
-        help="record what this machine is: driver, GPUs, Python environments, services, models",
-        description=(
-            "Record host, GPUs (NVML), the Python environments named with --python (every file "
-            "checked against its RECORD), CUDA toolkits, Docker containers, systemd units and the "
-            "Hugging Face cache as a JSON manifest. Secrets are never recorded. Without -o the "
-            "manifest goes to stdout."
-        ),
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Record host, GPUs (NVML), the Python environments named with --python (every file "
+        "checked against its RECORD), CUDA toolkits, Docker containers, systemd units and the "
+        "Hugging Face cache as a JSON manifest. Secrets are never recorded. Without -o the "
+        "manifest goes to stdout."
     )
     p.add_argument(
         "--python",

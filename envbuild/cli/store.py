@@ -13,7 +13,7 @@ from envbuild.build.pipeline import BuilderOptions, source_builder
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
-from envbuild.cli.push import add_registry_args, endpoint_from_args
+from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
 from envbuild.sourcebuild.stored import (
     STATE_TEXT,
@@ -36,12 +36,10 @@ def _store_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "store",
-        help="source builds and patched wheels: plan, add a wheel built elsewhere, list, locate",
-        description="Source builds (flash-attn …) and patched wheels are derivations in the store, "
-        "keyed by every input. These commands show and manage them.",
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Source builds (flash-attn …) and patched wheels are derivations in the store, "
+        "keyed by every input. These commands show and manage them."
     )
     group = p.add_subparsers(dest="store_command", metavar="STORE_COMMAND", required=True)
 

@@ -10,12 +10,10 @@ from envbuild.errors import ExitCode, InputFileError, Problem, SpecError, UserEr
 from envbuild.spec.validate import validate
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "validate",
-        help="check specs: types, unknown keys, and whether the GPU stack fits together",
-        description="Validate each SPEC. Every problem is reported with its file, line, key and "
-        "a fix; errors make the exit code 2, warnings alone do not.",
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Validate each SPEC. Every problem is reported with its file, line, key and "
+        "a fix; errors make the exit code 2, warnings alone do not."
     )
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files (TOML)")
     render.add_json_flag(p)

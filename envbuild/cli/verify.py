@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode
@@ -13,14 +12,10 @@ from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.verify import GpuMemory, verify
 
 
-def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "verify",
-        help="check this machine against a snapshot manifest (exit 1 on drift)",
-        description=(
-            "Take a snapshot of what MANIFEST recorded (its Python environments, services and "
-            "model cache, or the --python given) and print only what drifted. Exit 1 on drift."
-        ),
+def register(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Take a snapshot of what MANIFEST recorded (its Python environments, services and "
+        "model cache, or the --python given) and print only what drifted. Exit 1 on drift."
     )
     p.add_argument("manifest", metavar="MANIFEST")
     p.add_argument(

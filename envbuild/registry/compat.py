@@ -20,7 +20,10 @@ ZSTD_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 @functools.cache
 def _facts() -> dict[str, Any]:
-    text = resources.files("envbuild.spec").joinpath("engines.toml").read_text(encoding="utf-8")
+    # through the top package: importing envbuild.spec would build its models (a no-op build
+    # prints this note without them)
+    facts = resources.files("envbuild").joinpath("spec", "engines.toml")
+    text = facts.read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 

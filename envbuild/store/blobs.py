@@ -69,6 +69,21 @@ def store_error(root: Path, exc: OSError, doing: str) -> StoreError:
     )
 
 
+def default_root() -> Path:
+    """Where the store is: ``$ENVBUILD_STORE``, else ``$XDG_CACHE_HOME/envbuild/store``, else
+    ``~/.cache/envbuild/store``."""
+    if explicit := os.environ.get("ENVBUILD_STORE"):
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "envbuild" / "store"
+
+
+def output_root_name(out: Path) -> str:
+    """The root name of the output folder ``out`` (one per absolute path)."""
+    where = str(Path(out).absolute())
+    return f"out-{hashlib.sha256(where.encode()).hexdigest()[:32]}"
+
+
 class Flock:
     """An ``flock`` on a file: shared or exclusive, released on exit (also by the kernel when the
     process dies). ``what`` names what a blocked caller waits for, in the log."""

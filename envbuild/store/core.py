@@ -38,7 +38,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.errors import StoreError, UsageError
 from envbuild.fsio import canonical_json, compact_json
-from envbuild.store.blobs import STORE_FORMAT, BlobStore, Flock, digest_hex
+from envbuild.store.blobs import STORE_FORMAT, BlobStore, Flock, default_root, digest_hex
+from envbuild.store.blobs import output_root_name as output_root_name  # noqa: PLC0414 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,8 @@ _HEX_PREFIX_RE = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def default_store() -> Store:
-    """The store named by ``$ENVBUILD_STORE``, else ``$XDG_CACHE_HOME/envbuild/store``, else
-    ``~/.cache/envbuild/store``."""
-    if explicit := os.environ.get("ENVBUILD_STORE"):
-        return Store(Path(explicit).expanduser())
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Store(Path(cache).expanduser() / "envbuild" / "store")
+    """The store at :func:`~envbuild.store.blobs.default_root`."""
+    return Store(default_root())
 
 
 def derivation_key(kind: str, inputs: Mapping[str, Any]) -> str:
@@ -143,12 +139,6 @@ class Root(_Model):
         if self.generation is None:
             data.pop("generation")
         return canonical_json(data).encode()
-
-
-def output_root_name(out: Path) -> str:
-    """The root name of the output folder ``out`` (one per absolute path)."""
-    where = str(Path(out).absolute())
-    return f"out-{hashlib.sha256(where.encode()).hexdigest()[:32]}"
 
 
 @dataclass(frozen=True)
