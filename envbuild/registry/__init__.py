@@ -175,13 +175,14 @@ def push_image(
             f"the pushed manifest is {copied.digest}",
             hint="another push to the same tag may have raced this one; push again",
         )
+    sent: list[tuple[dict[str, Any], bool]] = []
     if transport.preserves_digests:
         if copied.digest != image.manifest.digest:
             raise IntegrityError(
                 f"the copy of {target} has digest {copied.digest}, the layout's is "
                 f"{image.manifest.digest}"
             )
-        referrers = push_referrers(api, image.root, copied.digest)
+        referrers = push_referrers(api, image.root, copied.digest, sent=sent)
     else:
         raw = api.manifest_bytes(copied.digest)
         remote = json.loads(raw)
@@ -193,7 +194,15 @@ def push_image(
             "digest": copied.digest,
             "size": len(raw),
         }
-        referrers = push_referrers(api, image.root, image.manifest.digest, pushed_as=pushed_as)
+        referrers = push_referrers(
+            api, image.root, image.manifest.digest, pushed_as=pushed_as, sent=sent
+        )
+    # the artifacts' blobs (the SBOM and its config) went up too: count them with the image's
+    blobs += [
+        BlobTransfer(str(b["digest"]), int(b["size"]), str(b["mediaType"]), up)
+        for b, up in sent
+        if all(b["digest"] != x.digest for x in blobs)
+    ]
     return PushResult(str(target), copied.digest, transport.name, blobs, referrers)
 
 

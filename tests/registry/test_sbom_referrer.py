@@ -140,3 +140,22 @@ def test_an_engine_push_sends_the_sbom_for_the_manifest_the_registry_holds(
     assert pulled.exit_code == 0, pulled.stderr
     assert pulled.json()["referrers"] == [artifact]
     assert sbom.read_attached(dest) == sbom.read_attached(layout)
+
+
+def test_push_counts_every_blob_it_uploaded_and_json_keeps_stderr_quiet(
+    cli: Cli, registry: Registry, layout: Path
+) -> None:
+    mark = registry.log_mark()
+    pushed = cli("push", layout, registry.ref("sbom/count", "v1"), "--insecure", "--json")
+    assert pushed.exit_code == 0, pushed.stderr
+    data = pushed.json()
+    sent = registry.uploads(mark)
+    assert len(sent) == 4  # the image's config and layer, the SBOM's config and document
+    assert data["uploaded"] == len(sent) and data["skipped"] == 0
+    assert sorted(b["digest"] for b in data["blobs"] if b["uploaded"]) == sorted(sent)
+    assert pushed.stderr == ""  # no progress under --json (errors would still be there)
+
+    text = cli("push", layout, registry.ref("sbom/count2", "v1"), "--insecure")
+    assert text.exit_code == 0, text.stderr
+    assert "blobs: 4 uploaded" in text.stdout
+    assert "pushing" in text.stderr  # progress where no JSON is asked for
