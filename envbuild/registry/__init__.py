@@ -162,7 +162,7 @@ def push_image(
     ]
     if transport.preserves_digests:
         log.info(
-            "pushing %s: %d of %d blobs to upload, %d already in the registry",
+            "pushing %s: %d of the image's %d blobs to upload, %d already in the registry",
             target, sum(b.uploaded for b in blobs), len(blobs), sum(not b.uploaded for b in blobs),
         )  # fmt: skip
     else:
