@@ -256,3 +256,22 @@ def test_the_dockerfile_installs_the_wheels_envbuild_made(
     with zipfile.ZipFile(repo / "docker" / "envbuild-wheels" / patched["wheel"]) as zf:
         assert b"patched by envbuild" in zf.read("tinypatch/__init__.py")
     assert [w["dist"] for w in made.json()["wheels"]] == ["fixture-cext", "tinypatch"]
+
+    # the way out for pip (docs/lock.md): --json's requirements, the built wheels beside them
+    reqs = repo / "requirements.txt"
+    reqs.write_text("".join(f"{line}\n" for line in made.json()["requirements"]))
+    venv = repo / "pip-venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check",
+         "--no-deps", "--require-hashes", "--no-index", "--find-links", repo / "wheels",
+         "--find-links", repo / "docker" / "envbuild-wheels", "-r", reqs],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    said = subprocess.run(
+        [venv / "bin" / "python", "-c",
+         "import fixture_cext, tinypatch; print(fixture_cext.greeting(), tinypatch.GREETING)"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert said.strip() == "hej patched by envbuild"  # the built extension and the patch
