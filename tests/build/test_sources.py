@@ -257,15 +257,25 @@ def test_the_dockerfile_installs_the_wheels_envbuild_made(
         assert b"patched by envbuild" in zf.read("tinypatch/__init__.py")
     assert [w["dist"] for w in made.json()["wheels"]] == ["fixture-cext", "tinypatch"]
 
-    # the way out for pip (docs/lock.md): --json's requirements, the built wheels beside them
-    reqs = repo / "requirements.txt"
-    reqs.write_text("".join(f"{line}\n" for line in made.json()["requirements"]))
+    # pip cannot build the sdist the lock pins; `lock --export-wheels` gives what it can install
+    export = repo / "export"
+    exported = cli("lock", "--export-wheels", export, "--build", repo / "out",
+                   "--store", repo / "store", "--json", spec)  # fmt: skip
+    assert exported.exit_code == 0, exported.stderr
+    reqs = export / "requirements.txt"
+    assert exported.json()["requirements"] == str(reqs)
+    assert sorted(p.name for p in export.glob("*.whl")) == sorted(
+        [built["wheel"], patched["wheel"]]
+    )
+    assert [x for x in reqs.read_text().splitlines() if not x.startswith("#")] == sorted(
+        made.json()["requirements"]
+    )  # the Dockerfile's very lines
     venv = repo / "pip-venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     pip = subprocess.run(
         [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check",
          "--no-deps", "--require-hashes", "--no-index", "--find-links", repo / "wheels",
-         "--find-links", repo / "docker" / "envbuild-wheels", "-r", reqs],
+         "--find-links", export, "-r", reqs],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stdout + pip.stderr
