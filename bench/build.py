@@ -13,7 +13,8 @@ table on stdout, for bench/RESULTS.md):
 * packing MB/s of the biggest layer's tree: envbuild (zstd, gzip, none) against
   ``tar --sort=name | zstd -T0 -3``, ``| pigz -6`` and ``| gzip -6`` over the same files, and
   sha256 alone (the hash part);
-* the warm no-op rebuild (median of ``--runs``);
+* the warm no-op rebuild (median of ``--runs``), in process and as a whole ``envbuild build``
+  process (:mod:`wholeproc`: start-up included, CPU and wall seconds, with the load average);
 * a one-package bump (tqdm 4.67.1 -> 4.67.0; relocked, not timed): time and bytes rebuilt;
 * ``docker build`` of ``envbuild dockerfile`` on a private dockerd (vfs, classic builder): two
   cold builds (same image ID?), a cached no-op, the same bump. The build gets the proxy variables
@@ -38,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+
+import wholeproc  # noqa: E402
 
 from envbuild.build import layerbuild, layers, planner  # noqa: E402
 from envbuild.build import pipeline as build_mod  # noqa: E402
@@ -188,7 +191,16 @@ def bench_envbuild(
         noop.append(t["total"])
     res["noop_s"] = noop
     res["noop_median_s"] = statistics.median(noop)
-    log(f"{name}: no-op median {res['noop_median_s']:.3f} s")
+    log(f"{name}: no-op median {res['noop_median_s']:.3f} s (in process: the build function only)")
+    # as users feel it: `envbuild build` as a whole process (start-up and imports included)
+    argv = ["build", "--store", str(store), "--output", str(out), str(spec)]
+    if not archive:
+        argv.insert(1, "--no-docker-archive")
+    whole = wholeproc.timed(argv, {"this": REPO}, runs)
+    res["noop_whole_process"] = whole
+    log(f"{name}: no-op as a whole process: median {whole['this']['wall']:.3f} s wall, "
+        f"{whole['this']['cpu']:.3f} s CPU, load average {whole['load_start']:.1f} to "
+        f"{whole['load_end']:.1f}")  # fmt: skip
     if bump:
         pkg, version = bump
         text = spec.read_text()

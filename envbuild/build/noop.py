@@ -17,11 +17,12 @@ the options that change the image), saying what the build read and what it wrote
 
 :func:`check` answers from that record alone: the folder's commit record (its build manifest)
 and every file the build wrote have the stat recorded, blobs hard-linked from the store pass the
-store's own check, the root still holds the folder's image, and every input and the fingerprint
-are what they were. Any difference, or anything unreadable, is a "don't know": the caller runs
-the full build, which decides (and writes a new record). A record is a cache: a lost one costs
-one full no-op, never a wrong answer; a build that will change the folder removes the folder's
-manifest first, so a build killed on the way leaves no folder this check calls current.
+store's own check, the root still holds the folder's image and the store every derivation and
+blob the root keeps, and every input and the fingerprint are what they were. Any difference, or
+anything unreadable, is a "don't know": the caller runs the full build, which decides (and
+writes a new record). A record is a cache: a lost one costs one full no-op, never a wrong
+answer; a build that will change the folder removes the folder's manifest first, so a build
+killed on the way leaves no folder this check calls current.
 """
 
 from __future__ import annotations
@@ -210,6 +211,13 @@ def _check(store_root: Path, request: Request, record: dict[str, Any]) -> UpToDa
     root = json.loads((store.roots_dir / f"{output_root_name(out)}.json").read_bytes())
     if root.get("image") != record["image"] or root.get("output") != str(out):
         return None
+    # what the root keeps is still in the store (the full path would make it again)
+    for key in root["derivations"]:
+        if not (store.drvs / f"{key}.json").is_file():
+            return None
+    for digest in root["blobs"]:
+        if not store.blob_path(digest).is_file():
+            return None
     # what the image was made from
     for path, digest in record["inputs"].items():
         if sha256_file(Path(path)) != digest:

@@ -1,7 +1,8 @@
 """The no-op fast path (:mod:`envbuild.build.noop`): taken on a real no-op, in a fresh process
 that imports none of the build's stages and parses no lock; not taken after a change to anything
 the image is made from (the spec, a spec it extends, a patch, the lock), to any file of the
-output folder, or after a build killed while it wrote the folder."""
+output folder or to what its root keeps in the store, or after a build killed while it wrote
+the folder."""
 
 from __future__ import annotations
 
@@ -114,6 +115,11 @@ def test_a_change_to_an_input_or_to_the_folder_takes_the_full_path(
     def comment(path: Path) -> Callable[[], None]:
         return lambda: path.write_text(path.read_text() + "# edited\n")
 
+    def forget_a_derivation() -> None:  # one the folder's root keeps: the full path makes it again
+        (root,) = (repo / "store" / "roots").glob("out-*.json")
+        key = json.loads(root.read_bytes())["derivations"][0]
+        (repo / "store" / "drv" / f"{key}.json").unlink()
+
     changes: dict[str, Callable[[], None]] = {
         "spec": comment(spec),  # a comment: the same spec hash, other bytes
         "extended base": comment(base),
@@ -122,6 +128,7 @@ def test_a_change_to_an_input_or_to_the_folder_takes_the_full_path(
         "index.json": lambda: (out / "oci" / "index.json").write_text("{}"),
         "docker archive": flip_a_byte(out / "docker-archive.tar"),
         "image blob": lambda: flip_a_byte(blob())(),
+        "store derivation": forget_a_derivation,
     }
     for what, change in changes.items():
         assert fresh_build(repo, spec, out)[1], f"before {what}"
