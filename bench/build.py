@@ -320,6 +320,7 @@ def bench_docker(spec: Path, work: Path, bump: tuple[str, str]) -> dict[str, Any
     ctx = work / "docker-ctx"
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir()
+    (ctx / "envbuild-ca").mkdir()  # the Dockerfile COPYs it (empty: the base holds the CA)
     base_ctx = work / "docker-base"
     shutil.rmtree(base_ctx, ignore_errors=True)
     base_ctx.mkdir()

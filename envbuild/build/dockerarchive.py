@@ -5,6 +5,11 @@ Docker before 23 cannot read zstd layers (``archive/tar: invalid tar header``, c
 so when the image has zstd layers the archive holds them uncompressed (their digest is then their
 diff_id; the config, hence Docker's image ID, is the same), decompressed on the fly. Every blob is
 checked before it is read and hashed as it is read: a corrupt store blob never reaches the tar.
+
+The archive is also an OCI layout, and podman and ``ctr images import`` read it as one: its
+``index.json`` lists the image once per tag with the annotations ``docker save`` writes
+(``io.containerd.image.name`` the full name, ``org.opencontainers.image.ref.name`` the tag);
+without them podman loads it untagged and containerd imports nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +26,9 @@ from envbuild.build import tarwrite
 from envbuild.build.entries import Entry, Kind, Opener, arrange
 from envbuild.build.image import Image, blob_role, manifest_json
 from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed, source_date_epoch
-from envbuild.build.ocilayout import index_json
 from envbuild.errors import ToolFailed
 from envbuild.fsio import atomic_writer, compact_json
-from envbuild.oci import OCI_LAYOUT
+from envbuild.oci import IMAGE_NAME, OCI_INDEX, OCI_LAYOUT, REF_NAME
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Store
 
@@ -121,13 +125,35 @@ def _hashing_opener(
     return opener
 
 
+def full_name(tag: str) -> str:
+    """Docker's full name for ``tag``: ``envbuild/x:1`` is ``docker.io/envbuild/x:1``, ``x`` is
+    ``docker.io/library/x:latest`` (what the engine normalises a name in ``RepoTags`` to)."""
+    first, slash, _ = tag.partition("/")
+    if not slash or not ("." in first or ":" in first or first == "localhost"):
+        tag = f"docker.io/{tag if slash else 'library/' + tag}"
+    if ":" not in tag.rsplit("/", 1)[-1]:
+        tag += ":latest"
+    return tag
+
+
+def archive_index(image: Image, repo_tags: Sequence[str]) -> bytes:
+    """The archive's ``index.json``: the image once per tag, named as ``docker save`` names it."""
+    manifests = []
+    for name in map(full_name, repo_tags):
+        desc = image.descriptor()
+        desc["annotations"] = {IMAGE_NAME: name, REF_NAME: name.rsplit(":", 1)[1]}
+        manifests.append(desc)
+    return compact_json(
+        {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests or [image.descriptor()]}
+    )
+
+
 def write_docker_archive(
     store: Store,
     image: Image,
     out_path: Path,
     *,
     repo_tags: Sequence[str],
-    ref_name: str | None = None,
     uncompressed: bool | None = None,
 ) -> Image:
     """Write a tar that ``docker load`` accepts: an OCI layout plus Docker's ``manifest.json``.
@@ -175,7 +201,7 @@ def write_docker_archive(
     ]
     add_bytes("manifest.json", compact_json(docker_manifest))
     add_bytes("oci-layout", OCI_LAYOUT)
-    add_bytes("index.json", index_json(inside, ref_name))
+    add_bytes("index.json", archive_index(inside, repo_tags))
     arranged = arrange(entries)
     with atomic_writer(Path(out_path), 0o644) as f:
 

@@ -23,15 +23,9 @@ from envbuild.errors import EnvbuildError, EnvironmentFailure, ExitCode, Interru
 #: Command names, in the order ``--help`` lists them (the table: :mod:`envbuild.cli.commands`).
 COMMANDS: tuple[str, ...] = tuple(c.name for c in commands.COMMANDS)
 
-EXIT_CODES_HELP = """\
-exit codes:
-  0  success
-  1  a difference was found (stale lock, drift, snapshots differ)
-  2  bad input or usage (the message names the file, key and fix)
-  3  the environment failed (missing tool, network, engine, disk)
-  4  internal error (rerun with -v and report it)
-  128+N  stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), its children with it
-"""
+EXIT_CODES_HELP = commands.exit_codes_help()
+#: Commands whose progress lines (on stderr) --json leaves out, as a script running them wants.
+QUIET_UNDER_JSON = frozenset({"snapshot", "verify", "push", "pull"})
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -43,13 +37,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="envbuild",
         description="Declarative, reproducible environments and OCI images for GPU serving.",
         epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=commands.HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"envbuild {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more output; -v shows tracebacks"
-    )
-    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    commands.add_output_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands.COMMANDS:
         p = commands.command_parser(sub, command)
@@ -97,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return ExitCode.USER_ERROR
     as_json = bool(getattr(args, "json", False))
-    # snapshot and verify under --json: stderr carries warnings and errors only (-v: progress)
-    quiet = args.quiet or (as_json and command in ("snapshot", "verify") and not args.verbose)
+    # these under --json: stderr carries warnings and errors only (-v: progress too)
+    quiet = args.quiet or (as_json and command in QUIET_UNDER_JSON and not args.verbose)
     handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
     from envbuild import proc  # here: `envbuild --version` and a usage error need no subprocess

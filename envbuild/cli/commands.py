@@ -24,6 +24,8 @@ class Command:
     summary: str
     #: ``envbuild.cli.<module>``: its arguments (``register``) and the code that runs it
     module: str = ""
+    #: what exit status 1 means for it; "" for a command that never returns 1
+    differs: str = ""
 
     @property
     def module_name(self) -> str:
@@ -37,16 +39,32 @@ COMMANDS: tuple[Command, ...] = (
         "check specs: types, unknown keys, and whether the GPU stack fits together",
     ),
     Command("show", "print the fully merged spec (extends resolved, defaults filled in)"),
-    Command("lock", "resolve a spec's Python packages into lockfiles/pylock.<name>.toml"),
+    Command(
+        "lock",
+        "resolve a spec's Python packages into lockfiles/pylock.<name>.toml",
+        differs="--check: a lock is not current (stale)",
+    ),
     Command("push", "push an OCI image layout to a registry (blobs it has are not sent again)"),
     Command("pull", "pull an image into a new OCI layout, verifying every blob"),
-    Command("ci", "check every lock, build every image, push, write a markdown summary"),
+    Command(
+        "ci",
+        "check every lock, build every image, push, write a markdown summary",
+        differs="a lock is not current (that spec is not built)",
+    ),
     Command(
         "snapshot",
         "record what this machine is: driver, GPUs, Python environments, services, models",
     ),
-    Command("diff", "compare two snapshots (or a snapshot and a build manifest)"),
-    Command("verify", "check this machine against a snapshot manifest (exit 1 on drift)"),
+    Command(
+        "diff",
+        "compare two snapshots (or a snapshot and a build manifest)",
+        differs="they differ",
+    ),
+    Command(
+        "verify",
+        "check this machine against a snapshot manifest (exit 1 on drift)",
+        differs="the machine drifted from the snapshot",
+    ),
     Command("build", "build the OCI image of a spec from its lock (no Docker daemon)"),
     Command("dockerfile", "render a Dockerfile equivalent to `envbuild build` (for docker users)"),
     Command("load", "load a built image into a Docker engine"),
@@ -54,6 +72,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "store",
         "source builds and patched wheels: plan, add a wheel built elsewhere, list, locate",
+        differs="store verify: a blob or derivation record is wrong",
     ),
     Command(
         "apply",
@@ -63,6 +82,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "generations",
         "list the generations apply built (spec, date, which is current); --gc removes old",
+        differs="--verify: a generation's files do not match",
     ),
     Command("rollback", "switch back to the previous generation (or --to N) and restart its unit"),
     Command(
@@ -71,15 +91,62 @@ COMMANDS: tuple[Command, ...] = (
         "vLLM systemd unit apply would install)",
         module="render_host",
     ),
+    Command("completion", "print a shell completion script (bash, zsh, fish)"),
 )
 
 BY_NAME: dict[str, Command] = {c.name: c for c in COMMANDS}
 
 
+def exit_codes_help(differs: str | None = None) -> str:
+    """The ``exit codes:`` epilog: every code (``differs`` None, the top-level help), or one
+    command's (exit 1 only when ``differs`` says what it means for that command)."""
+    one = "a difference was found (stale lock, drift, snapshots differ)"
+    lines = ["exit codes:", "  0  success"]
+    if differs is None or differs:
+        lines.append(f"  1  {differs or one}")
+    lines += [
+        "  2  bad input or usage (the message names the file, key and fix)",
+        "  3  the environment failed (missing tool, network, engine, disk)",
+        "  4  internal error (rerun with -v and report it)",
+        "  128+N  stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), its children with it",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, with the ``exit codes:`` epilog kept as its lines are (descriptions wrap)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("exit codes:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def add_output_options(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """``-v`` and ``-q``, which every parser takes: before the command (``top``: with their
+    defaults) or after it (a command's: set only when given, so they never undo the top's)."""
+    unset = argparse.SUPPRESS
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0 if top else unset,
+        help="more output; -v shows tracebacks",
+    )  # fmt: skip
+    p.add_argument(
+        "-q", "--quiet", action="store_true", default=False if top else unset,
+        help="only errors and warnings on stderr: no progress, no summary",
+    )  # fmt: skip
+
+
 def command_parser(sub: Any, command: Command) -> argparse.ArgumentParser:
     """The parser of ``command`` as a choice of ``sub`` (the top-level subparsers action), bare:
-    the command's module fills it in when argv names it."""
-    p: argparse.ArgumentParser = sub.add_parser(command.name, help=command.summary)
+    the command's module fills it in when argv names it. Every command takes ``-v``/``-q`` and
+    its ``--help`` ends with the exit codes it may return."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        command.name,
+        help=command.summary,
+        epilog=exit_codes_help(command.differs),
+        formatter_class=HelpFormatter,
+    )
+    add_output_options(p)
     return p
 
 

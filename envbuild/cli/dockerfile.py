@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from envbuild.build.dockerfile import WHEELS_DIR, make_dockerfile
+from envbuild.build.dockerfile import CA_DIR, WHEELS_DIR, make_dockerfile
 from envbuild.cli import render
 from envbuild.errors import ExitCode
 from envbuild.spec import load_spec
@@ -26,7 +26,8 @@ def register(p: argparse.ArgumentParser) -> None:
         "--output",
         metavar="FILE",
         type=Path,
-        help="write here, not stdout; wheels envbuild built or patched are copied beside it",
+        help="write here, not stdout; its build context beside it: $SSL_CERT_FILE in envbuild-ca/, "
+        "wheels envbuild built or patched in envbuild-wheels/",
     )
     p.add_argument(
         "--build",
@@ -54,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
         return ExitCode.OK
     if args.output:
         return ExitCode.OK
-    if result.wheels:
-        render.note(
-            f"note: the Dockerfile COPYs {WHEELS_DIR}/ from its build context; `-o FILE` puts "
-            "the wheels there"
-        )
+    needs = [CA_DIR, *([WHEELS_DIR] if result.wheels else [])]
+    render.note(
+        f"note: the Dockerfile COPYs {' and '.join(f'{d}/' for d in needs)} from its build "
+        "context; `-o FILE` puts them there (the CA bundle from $SSL_CERT_FILE)"
+    )
     render.echo(result.text.rstrip("\n"))
     return ExitCode.OK

@@ -60,11 +60,28 @@ def register(p: argparse.ArgumentParser) -> None:
         help="where mmdebstrap's rootfs is kept for the build (default: $ENVBUILD_STORE or "
         "~/.cache/envbuild/store)",
     )
+    p.add_argument(
+        "--export-wheels",
+        type=Path,
+        metavar="DIR",
+        help="write nothing to lockfiles/: put an installable form of SPEC's lock into DIR "
+        "for pip or uv (requirements.txt with every hash, and the wheels `envbuild build` "
+        "made for its source builds and patches; one SPEC, built first)",
+    )
+    p.add_argument(
+        "--build",
+        type=Path,
+        metavar="DIR",
+        help="with --export-wheels: the output of `envbuild build` whose wheels to take "
+        "(default: images/<spec-name>/)",
+    )
     render.add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.export_wheels is not None:
+        return _export(args)
     if args.output is not None and len(args.specs) > 1:
         raise UsageError("--output takes one SPEC, got several")
     if args.check:
@@ -91,6 +108,29 @@ def run(args: argparse.Namespace) -> int:
             render.echo(f"{shown}: {len(result.lock.packages)} packages{base} ({state})")
     if args.json:
         render.emit_json({"results": results})
+    return ExitCode.OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from envbuild.build.dockerfile import export_wheels
+    from envbuild.store.core import default_store
+
+    if len(args.specs) > 1 or args.check or args.output is not None:
+        raise UsageError("--export-wheels takes one SPEC, without --check or --output")
+    loaded = validate(args.specs[0]).loaded
+    store = Store(args.store) if args.store else default_store()
+    done = export_wheels(loaded, store=store, dest=args.export_wheels, build=args.build)
+    if args.json:
+        render.emit_json(
+            {
+                "requirements": str(done.requirements),
+                "wheels": [str(w) for w in done.wheels],
+                "pip": done.pip_command(),
+            }
+        )
+        return ExitCode.OK
+    render.echo(f"{done.requirements}: the lock's wheels, {len(done.wheels)} built by envbuild")
+    render.echo(f"install: {done.pip_command()}")
     return ExitCode.OK
 
 

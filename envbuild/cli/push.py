@@ -23,6 +23,8 @@ def describe_push(result: PushResult) -> list[str]:
             f"({human_size(result.bytes_skipped)})"
         )
     out = [f"pushed {result.ref}", f"digest: {result.digest}", line]
+    for digest in result.referrers:
+        out.append(f"sbom: pushed as an OCI 1.1 referrer of {result.digest}: {digest}")
     if any(b.media_type == engines.ZSTD_MEDIA_TYPE for b in result.blobs):
         out.append(engines.compression_note("zstd") or "")
     else:

@@ -70,10 +70,16 @@ def echo(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
+class _Output:
+    #: ``-q``: :func:`note` writes nothing (set by :func:`setup_logging`; errors still show)
+    quiet = False
+
+
 def note(text: str = "") -> None:
     """A line for people that is not the command's output (progress, a summary, a hint): on
-    stderr, so stdout stays the result (a digest, a document)."""
-    sys.stderr.write(text + "\n")
+    stderr, so stdout stays the result (a digest, a document); nothing under ``-q``."""
+    if not _Output.quiet:
+        sys.stderr.write(text + "\n")
 
 
 def error_lines(lines: list[str]) -> None:
@@ -99,7 +105,9 @@ class _Formatter(logging.Formatter):
 
 
 def setup_logging(verbose: int, quiet: bool) -> logging.Handler:
-    """Route the core's log records to stderr. Returns the handler so the caller can remove it."""
+    """Route the core's log records to stderr (``quiet``: warnings and errors only, and no
+    :func:`note`). Returns the handler so the caller can remove it."""
+    _Output.quiet = quiet
     logger = logging.getLogger("envbuild")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter())

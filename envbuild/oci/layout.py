@@ -46,6 +46,9 @@ MANIFEST_TYPES = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
 INDEX_TYPES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
 
 REF_NAME = "org.opencontainers.image.ref.name"
+#: The full image name (``docker.io/envbuild/quickstart:latest``) that containerd's import and
+#: podman's load name an image by, before ``REF_NAME`` (which ``docker save`` sets to the tag).
+IMAGE_NAME = "io.containerd.image.name"
 TITLE = "org.opencontainers.image.title"
 #: The ``oci-layout`` file envbuild writes.
 OCI_LAYOUT = b'{"imageLayoutVersion":"1.0.0"}'

@@ -12,6 +12,7 @@ checks the manifest digest and the sha256 and size of every blob, and only then 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Literal
 from envbuild import scratch
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotFound
-from envbuild.oci import LayoutImage, open_layout, verify_layout
+from envbuild.oci import OCI_MANIFEST, LayoutImage, open_layout, verify_layout
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.ref import ImageRef, parse_ref, parse_repo
 from envbuild.registry.referrers import pull_referrers, push_referrers
@@ -64,8 +65,6 @@ def get_transport(name: TransportName = "auto", engine: ContainerEngine | None =
 
 def diff_ids(config: bytes) -> list[str]:
     """The uncompressed digests of an image's layers, from its config."""
-    import json
-
     return [str(d) for d in json.loads(config).get("rootfs", {}).get("diff_ids", [])]
 
 
@@ -163,7 +162,7 @@ def push_image(
     ]
     if transport.preserves_digests:
         log.info(
-            "pushing %s: %d of %d blobs to upload, %d already in the registry",
+            "pushing %s: %d of the image's %d blobs to upload, %d already in the registry",
             target, sum(b.uploaded for b in blobs), len(blobs), sum(not b.uploaded for b in blobs),
         )  # fmt: skip
     else:
@@ -176,18 +175,34 @@ def push_image(
             f"the pushed manifest is {copied.digest}",
             hint="another push to the same tag may have raced this one; push again",
         )
+    sent: list[tuple[dict[str, Any], bool]] = []
     if transport.preserves_digests:
         if copied.digest != image.manifest.digest:
             raise IntegrityError(
                 f"the copy of {target} has digest {copied.digest}, the layout's is "
                 f"{image.manifest.digest}"
             )
+        referrers = push_referrers(api, image.root, copied.digest, sent=sent)
     else:
-        blobs = _engine_blobs(image, api.manifest(copied.digest), copied, present)
-    # what refers to the image (its SBOM) names its digest: only a digest-preserving copy keeps it
-    referrers = (
-        push_referrers(api, image.root, copied.digest) if transport.preserves_digests else []
-    )
+        raw = api.manifest_bytes(copied.digest)
+        remote = json.loads(raw)
+        blobs = _engine_blobs(image, remote, copied, present)
+        # what refers to the image (its SBOM) names the layout's manifest; the registry holds
+        # the engine's (same config and content, other layer digests): point it at that one
+        pushed_as = {
+            "mediaType": str(remote.get("mediaType") or OCI_MANIFEST),
+            "digest": copied.digest,
+            "size": len(raw),
+        }
+        referrers = push_referrers(
+            api, image.root, image.manifest.digest, pushed_as=pushed_as, sent=sent
+        )
+    # the artifacts' blobs (the SBOM and its config) went up too: count them with the image's
+    blobs += [
+        BlobTransfer(str(b["digest"]), int(b["size"]), str(b["mediaType"]), up)
+        for b, up in sent
+        if all(b["digest"] != x.digest for x in blobs)
+    ]
     return PushResult(str(target), copied.digest, transport.name, blobs, referrers)
 
 

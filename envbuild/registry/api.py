@@ -262,8 +262,8 @@ class RegistryApi:
             )
         return str(digest)
 
-    def manifest(self, digest: str) -> dict[str, Any]:
-        """The manifest ``digest`` names, checked against that digest."""
+    def manifest_bytes(self, digest: str) -> bytes:
+        """The bytes of the manifest ``digest`` names, checked against that digest."""
         status, _, body = self.request(
             "GET", f"/v2/{self.repository}/manifests/{digest}", MANIFEST_TYPES
         )
@@ -271,7 +271,11 @@ class RegistryApi:
             raise self._fail(status, body, f"manifest {digest}")
         if "sha256:" + hashlib.sha256(body).hexdigest() != digest:
             raise IntegrityError(f"registry {self.registry} sent a manifest that is not {digest}")
-        data = json.loads(body)
+        return body
+
+    def manifest(self, digest: str) -> dict[str, Any]:
+        """The manifest ``digest`` names, checked against that digest."""
+        data = json.loads(self.manifest_bytes(digest))
         if not isinstance(data, dict):
             raise IntegrityError(f"registry {self.registry}: manifest {digest} is not an object")
         return data

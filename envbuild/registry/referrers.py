@@ -61,10 +61,11 @@ def _layout_referrers(layout: Path, subject: str) -> list[dict[str, Any]]:
     return out
 
 
-def _upload(api: RegistryApi, layout: Path, desc: dict[str, Any]) -> None:
+def _upload(api: RegistryApi, layout: Path, desc: dict[str, Any]) -> bool:
+    """Upload the blob ``desc`` names unless the registry has it; True when it was sent."""
     digest = str(desc["digest"])
     if api.blob_exists(digest):
-        return
+        return False
     data = _blob_path(layout, digest).read_bytes()
     if _sha(data) != digest or len(data) != desc.get("size"):
         raise IntegrityError(f"{layout}: blob {digest} does not match its digest")
@@ -78,6 +79,7 @@ def _upload(api: RegistryApi, layout: Path, desc: dict[str, Any]) -> None:
                                content_type="application/octet-stream")  # fmt: skip
     if status != 201:
         raise RegistryError(f"registry {api.registry} refused blob {digest} (HTTP {status})")
+    return True
 
 
 def _put_manifest(api: RegistryApi, reference: str, data: bytes, media_type: str) -> bool:
@@ -107,19 +109,36 @@ def _get(api: RegistryApi, path: str, accept: tuple[str, ...]) -> bytes | None:
     return body
 
 
-def push_referrers(api: RegistryApi, layout: Path, subject: str) -> list[str]:
+def push_referrers(
+    api: RegistryApi,
+    layout: Path,
+    subject: str,
+    *,
+    pushed_as: dict[str, Any] | None = None,
+    sent: list[tuple[dict[str, Any], bool]] | None = None,
+) -> list[str]:
     """Push every artifact of ``layout`` that refers to ``subject`` (already in the registry);
-    returns their manifest digests."""
+    returns their manifest digests. ``pushed_as`` is the descriptor of the manifest the registry
+    got instead of ``subject`` (an engine recompresses the layers: same config, another
+    manifest): each artifact is then pushed with that as its subject, a new manifest around
+    the same blobs. ``sent`` gets each blob of theirs with whether it was uploaded."""
     pushed = []
     fallback: list[dict[str, Any]] = []
     for desc in layout_referrers(layout, subject):
         data = _blob_path(layout, str(desc["digest"])).read_bytes()
         manifest = json.loads(data)
         for blob in [manifest["config"], *manifest.get("layers", [])]:
-            _upload(api, layout, blob)
+            uploaded = _upload(api, layout, blob)
+            if sent is not None:
+                sent.append((blob, uploaded))
+        if pushed_as is not None:
+            data = compact_json({**manifest, "subject": pushed_as})
+            desc = {**desc, "digest": _sha(data), "size": len(data)}
         if not _put_manifest(api, str(desc["digest"]), data, OCI_MANIFEST):
             fallback.append(desc)
         pushed.append(str(desc["digest"]))
+    if pushed_as is not None:
+        subject = str(pushed_as["digest"])
     if fallback:
         tag = _fallback_tag(subject)
         old = _get(api, f"/v2/{api.repository}/manifests/{tag}", (OCI_INDEX,))

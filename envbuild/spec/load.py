@@ -103,16 +103,18 @@ def find_root(path: Path) -> Path:
     return path.parent
 
 
-def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
-    """Parse one TOML file. Problems with the file itself are raised as located errors."""
+def read_toml(path: Path, shown: str, given: str | None = None) -> tuple[dict[str, Any], str]:
+    """Parse one TOML file. Problems with the file itself are raised as located errors; one that
+    cannot be read is named ``given`` (the path the user typed), else ``shown``."""
+    named = given or shown
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputFileError(shown, "no such file", hint="check the path") from None
+        raise InputFileError(named, "no such file", hint="check the path") from None
     except IsADirectoryError:
-        raise InputFileError(shown, "is a directory, not a spec file") from None
+        raise InputFileError(named, "is a directory, not a spec file") from None
     except OSError as exc:
-        raise InputFileError(shown, f"cannot be read: {exc.strerror}") from None
+        raise InputFileError(named, f"cannot be read: {exc.strerror}") from None
     if not data.strip():
         raise SpecError([Problem(shown, None, "", "the file is empty", "write a spec; see README")])
     if b"\x00" in data:
@@ -258,8 +260,10 @@ def _leaves(value: Any, prefix: KeyPath) -> list[KeyPath]:
 
 
 class _Loader:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, given: dict[Path, str] | None = None) -> None:
         self.root = root
+        #: the path the user typed, by file: a file that cannot be read is named so
+        self.given = given or {}
         self.files: list[Path] = []
         self.origins: dict[KeyPath, tuple[Path, int | None]] = {}
         self.problems: list[Problem] = []
@@ -279,7 +283,7 @@ class _Loader:
         return self.shown(top), None
 
     def load(self, path: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
-        data, text = read_toml(path, self.shown(path))
+        data, text = read_toml(path, self.shown(path), self.given.get(path))
         self.files.append(path)
         lines = locate_keys(text)
         merged: dict[str, Any] = {}
@@ -374,10 +378,11 @@ def _merge_plain(into: dict[str, Any], new: dict[str, Any]) -> None:
 
 def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
     """Read, merge and type-check a spec. Raises :class:`SpecError` with every problem found."""
+    given = str(path)
     path = Path(path).absolute()
     root = (root or find_root(path)).resolve()
     path = path.resolve() if path.exists() else path
-    loader = _Loader(root)
+    loader = _Loader(root, {path: given})
     raw = loader.load(path, ())
     raw.setdefault("name", path.stem)
     if ("name",) not in loader.origins:

@@ -1,4 +1,5 @@
-"""Images: OCI layouts that skopeo and umoci accept; docker archives that an engine runs."""
+"""Images: OCI layouts that skopeo and umoci accept; docker archives that an engine runs and
+that podman and containerd load under their name."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.containerd import private_containerd
 from support.debianbase import DebianRootfs, need
+from support.podman import RUN_LIMITS, private_podman
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
 from envbuild.build.image import History, Image, OciImageConfig, write_image
@@ -184,12 +187,12 @@ def test_docker_loads_and_runs_the_image(tmp_path, debian_rootfs: DebianRootfs, 
     )
     out = write_oci_layout(store, image, tmp_path / "img", ref_name="envbuild-test")
     inside = write_docker_archive(
-        store, image, out / DOCKER_ARCHIVE, repo_tags=["envbuild/test:v1"], ref_name="v1"
+        store, image, out / DOCKER_ARCHIVE, repo_tags=["envbuild/test:v1"]
     )
     assert inside.config_digest == image.config_digest
     assert [x.digest for x in inside.layers] == [x.diff_id for x in image.layers]
     again = tmp_path / "again.tar"
-    write_docker_archive(store, image, again, repo_tags=["envbuild/test:v1"], ref_name="v1")
+    write_docker_archive(store, image, again, repo_tags=["envbuild/test:v1"])
     assert again.read_bytes() == (out / DOCKER_ARCHIVE).read_bytes()
 
     env = {"DOCKER_HOST": docker_host}
@@ -216,6 +219,56 @@ def test_docker_loads_and_runs_the_image(tmp_path, debian_rootfs: DebianRootfs, 
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "hello from /opt/app/bin/hello python (3, 11)"
+
+
+def _archive(tmp_path: Path, debian_rootfs: DebianRootfs) -> tuple[Image, Path]:
+    store = debian_rootfs.store
+    image = build_image(
+        store, debian_rootfs.base.layers, app_tree(tmp_path / "t"), Compression.ZSTD
+    )
+    archive = tmp_path / DOCKER_ARCHIVE
+    inside = write_docker_archive(store, image, archive, repo_tags=["envbuild/test:v1"])
+    again = tmp_path / "again.tar"
+    write_docker_archive(store, image, again, repo_tags=["envbuild/test:v1"])
+    assert again.read_bytes() == archive.read_bytes()
+    return inside, archive
+
+
+@pytest.mark.slow
+def test_podman_loads_the_archive_by_its_name_and_runs_it(tmp_path, debian_rootfs: DebianRootfs):
+    need("podman")
+    image, archive = _archive(tmp_path, debian_rootfs)
+    with private_podman() as podman:
+        loaded = podman("load", "-i", archive)
+        assert loaded.returncode == 0, loaded.stderr
+        assert "Loaded image: docker.io/envbuild/test:v1" in loaded.stdout, loaded.stdout
+        listed = podman("images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}")
+        assert listed.stdout.split() == [
+            "docker.io/envbuild/test:v1",
+            image.config_digest.removeprefix("sha256:")[:12],
+        ]
+        run = podman("run", "--rm", *RUN_LIMITS, "--network", "none", "envbuild/test:v1")
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "hello from /opt/app/bin/hello python (3, 11)"
+        run = podman("run", "--rm", *RUN_LIMITS, "--network", "none", "envbuild/test:v1", "true")
+        assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.slow
+def test_ctr_imports_the_archive_by_its_name(tmp_path, debian_rootfs: DebianRootfs):
+    need("containerd")
+    need("ctr", "containerd")
+    image, archive = _archive(tmp_path, debian_rootfs)
+    with private_containerd() as ctr:
+        imported = ctr("images", "import", archive)
+        assert imported.returncode == 0, imported.stderr
+        listed = ctr("images", "ls", "-q")
+        assert listed.stdout.split() == ["docker.io/envbuild/test:v1"], imported.stdout
+        check = ctr("images", "check")
+        assert "docker.io/envbuild/test:v1" in check.stdout
+        assert "complete" in check.stdout, check.stdout
+        rows = ctr("images", "ls").stdout.splitlines()
+        assert any(image.manifest_digest in row for row in rows[1:]), rows
 
 
 def test_load_without_an_engine_is_a_clear_error(tmp_path, cli):

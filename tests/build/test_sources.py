@@ -247,7 +247,7 @@ def test_the_dockerfile_installs_the_wheels_envbuild_made(
     )
     assert "CEXT_GREETING=hej" in text and "specs/patches/tinypatch.patch" in text
     assert "tinypatch==1.0 " not in text  # the unpatched wheel is not installed
-    assert "FROM scratch\n" in text and "\nADD envbuild-base/rootfs.tar /\n" in text
+    assert "FROM scratch AS base\n" in text and "\nADD envbuild-base/rootfs.tar /\n" in text
     assert (repo / "docker" / "envbuild-base" / "rootfs.tar").read_bytes() == (
         repo / "rootfs.tar"
     ).read_bytes()
@@ -256,3 +256,32 @@ def test_the_dockerfile_installs_the_wheels_envbuild_made(
     with zipfile.ZipFile(repo / "docker" / "envbuild-wheels" / patched["wheel"]) as zf:
         assert b"patched by envbuild" in zf.read("tinypatch/__init__.py")
     assert [w["dist"] for w in made.json()["wheels"]] == ["fixture-cext", "tinypatch"]
+
+    # pip cannot build the sdist the lock pins; `lock --export-wheels` gives what it can install
+    export = repo / "export"
+    exported = cli("lock", "--export-wheels", export, "--build", repo / "out",
+                   "--store", repo / "store", "--json", spec)  # fmt: skip
+    assert exported.exit_code == 0, exported.stderr
+    reqs = export / "requirements.txt"
+    assert exported.json()["requirements"] == str(reqs)
+    assert sorted(p.name for p in export.glob("*.whl")) == sorted(
+        [built["wheel"], patched["wheel"]]
+    )
+    assert [x for x in reqs.read_text().splitlines() if not x.startswith("#")] == sorted(
+        made.json()["requirements"]
+    )  # the Dockerfile's very lines
+    venv = repo / "pip-venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    pip = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check",
+         "--no-deps", "--require-hashes", "--no-index", "--find-links", repo / "wheels",
+         "--find-links", export, "-r", reqs],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    said = subprocess.run(
+        [venv / "bin" / "python", "-c",
+         "import fixture_cext, tinypatch; print(fixture_cext.greeting(), tinypatch.GREETING)"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert said.strip() == "hej patched by envbuild"  # the built extension and the patch

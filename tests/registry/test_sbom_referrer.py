@@ -101,3 +101,61 @@ def test_pull_says_pulled_once(cli: Cli, registry: Registry, layout: Path, tmp_p
     assert pulled.exit_code == 0, pulled.stderr
     said = pulled.stdout + pulled.stderr
     assert said.count("pulled ") == 1, said
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_an_engine_push_sends_the_sbom_for_the_manifest_the_registry_holds(
+    cli: Cli,
+    registry: Registry,
+    layout: Path,
+    tmp_path: Path,
+    docker_host: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    target = registry.ref("sbom/engine", "v1")
+    pushed = cli("push", layout, target, "--insecure", "--transport", "docker", "--json")
+    assert pushed.exit_code == 0, pushed.stderr
+    data = pushed.json()
+    image = data["digest"]
+    assert image != open_layout(layout).manifest.digest  # the engine recompressed the layer
+    (artifact,) = data["referrers"]
+    index = _get(registry, f"/v2/sbom/engine/manifests/{image.replace(':', '-')}",
+                 "application/vnd.oci.image.index.v1+json")  # fmt: skip
+    assert [(m["digest"], m["artifactType"]) for m in index["manifests"]] == [
+        (artifact, sbom.MEDIA_TYPE)
+    ]
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                          f"docker://{registry.ref('sbom/engine')}@{artifact}"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert json.loads(raw)["subject"]["digest"] == image
+
+    said = cli("push", layout, target, "--insecure", "--transport", "docker")
+    assert said.exit_code == 0, said.stderr
+    assert f"sbom: pushed as an OCI 1.1 referrer of {image}: {artifact}" in said.stdout
+
+    dest = tmp_path / "pulled"
+    pulled = cli("pull", target, dest, "--insecure", "--json")
+    assert pulled.exit_code == 0, pulled.stderr
+    assert pulled.json()["referrers"] == [artifact]
+    assert sbom.read_attached(dest) == sbom.read_attached(layout)
+
+
+def test_push_counts_every_blob_it_uploaded_and_json_keeps_stderr_quiet(
+    cli: Cli, registry: Registry, layout: Path
+) -> None:
+    mark = registry.log_mark()
+    pushed = cli("push", layout, registry.ref("sbom/count", "v1"), "--insecure", "--json")
+    assert pushed.exit_code == 0, pushed.stderr
+    data = pushed.json()
+    sent = registry.uploads(mark)
+    assert len(sent) == 4  # the image's config and layer, the SBOM's config and document
+    assert data["uploaded"] == len(sent) and data["skipped"] == 0
+    assert sorted(b["digest"] for b in data["blobs"] if b["uploaded"]) == sorted(sent)
+    assert pushed.stderr == ""  # no progress under --json (errors would still be there)
+
+    text = cli("push", layout, registry.ref("sbom/count2", "v1"), "--insecure")
+    assert text.exit_code == 0, text.stderr
+    assert "blobs: 4 uploaded" in text.stdout
+    assert "pushing" in text.stderr  # progress where no JSON is asked for
