@@ -40,7 +40,7 @@ from envbuild.store.core import Output, Store
 log = logging.getLogger(__name__)
 
 #: Bump when the hooks or the re-packing change what a given package set produces.
-RECIPE = 1
+RECIPE = 2
 KIND = "base-debian"
 HINT = "install it (Debian: apt-get install mmdebstrap)"
 
@@ -181,17 +181,27 @@ def _read_packages(out: Path) -> list[DebianPackageLock]:
     return sorted(packages, key=lambda p: (p.name, p.arch))
 
 
-def _repack(store: Store, tar: Path, compression: Compression, sde: int) -> Layer:
+def _repack(
+    store: Store, tar: Path, compression: Compression, sde: int
+) -> tuple[Layer, dict[str, str]]:
+    """The rootfs as one layer, and its setuid/setgid files (kept: ``su``, ``passwd``, ``mount``
+    need them; recorded, as for every other kind of base)."""
     tree = Tree(f"the mmdebstrap rootfs {tar.name}")
     with located(tree), open_tar(name=tar, tree=tree) as tf:
         entries = tar_entries(tf, tree)
-        return write_layer(store, entries, compression=compression, mtime=sde)
+        layer = write_layer(store, entries, compression=compression, mtime=sde)
+    return layer, tree.setid()
 
 
-def _output(layer: Layer, lock: DebianBaseLock) -> Output:
+def _output(repacked: tuple[Layer, dict[str, str]], lock: DebianBaseLock) -> Output:
+    layer, setid = repacked
     return Output(
         {"layer": layer.digest},
-        {"layer": layer.model_dump(mode="json"), "lock": lock.model_dump(mode="json")},
+        {
+            "layer": layer.model_dump(mode="json"),
+            "lock": lock.model_dump(mode="json"),
+            "setid": setid,
+        },
     )
 
 
@@ -280,4 +290,5 @@ def build(
             )
         ],
         lock=pinned,
+        setid=realized.drv.meta.get("setid"),
     )
