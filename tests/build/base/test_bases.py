@@ -317,3 +317,13 @@ def test_the_debian_base_is_reproducible_bit_for_bit(
     names = {p.name for p in debian_rootfs.lock.packages}
     assert {"python3-minimal", "base-files", "dpkg"} <= names
     assert all(len(p.sha256) == 64 for p in debian_rootfs.lock.packages)
+
+
+@pytest.mark.slow
+def test_the_debian_base_records_its_setuid_files(debian_rootfs: DebianRootfs):
+    """bookworm's essential set ships setuid programs (su, mount, passwd …): kept, since a base
+    needs them, and recorded like any other base's, for the build manifest, `build` and `diff`."""
+    setid = debian_rootfs.base.setid
+    assert setid, "the Debian base recorded no setuid/setgid file"
+    assert setid.get("usr/bin/su") == "4755", setid
+    assert all(int(mode, 8) & 0o6000 for mode in setid.values()), setid
