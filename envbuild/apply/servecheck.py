@@ -21,6 +21,18 @@ PROBE = Path(__file__).with_name("vllm_probe.py")
 TIMEOUT = 600.0
 
 
+#: A generation is read-only and exactly its manifest: the probe runs its Python isolated
+#: (``-I``) and writes no bytecode into it (``-B``; root would write into its 0555 folders).
+PYTHON_FLAGS = ("-I", "-B")
+
+
+def probe_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The probe's environment: the caller's, cleaned, and no bytecode written anywhere (also
+    by a child the imported code starts, which ``-B`` does not reach)."""
+    return proc.child_env({"PYTHONDONTWRITEBYTECODE": "1", **(overrides or {})},
+                          drop=("PYTHONPYCACHEPREFIX",))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ParseResult:
     ok: bool | None  # None: the parser could not be loaded at all
@@ -37,10 +49,10 @@ def serve_args(argv: Sequence[str]) -> list[str]:
 def parse_commands(python: Path, commands: Sequence[Sequence[str]]) -> list[ParseResult]:
     """Parse each command (the arguments after ``vllm serve``) with the vLLM of ``python``."""
     done = proc.run(
-        [str(python), "-I", str(PROBE), "parse"],
+        [str(python), *PYTHON_FLAGS, str(PROBE), "parse"],
         tool="vllm's argument parser",
         input=json.dumps([list(c) for c in commands]),
-        env=proc.child_env(),
+        env=probe_env(),
         timeout=TIMEOUT,
     )
     try:

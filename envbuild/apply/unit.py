@@ -83,6 +83,12 @@ class ServeSettings:
     env_file: Path
 
 
+def pycache_prefix(generation_path: Path) -> Path:
+    """Where the unit's Python writes its bytecode: the state dir's ``pycache/`` (beside
+    ``generations/``), under which each generation's sources have their own paths."""
+    return generation_path.parent.parent / "pycache"
+
+
 def split_env(spec: Spec) -> tuple[dict[str, str], dict[str, str]]:
     """``[serve.env]`` as (plain values, secret templates that reference ``${NAME}``)."""
     plain: dict[str, str] = {}
@@ -162,6 +168,9 @@ def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
         # The model was fetched by apply; serving never reaches the hub unless the spec says so.
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        # A generation is read-only and exactly its manifest (root writes into 0555 folders
+        # anyway): Python's bytecode cache goes beside the generations, never into one.
+        "PYTHONPYCACHEPREFIX": str(pycache_prefix(settings.generation_path)),
         **plain,
     }
     assert spec.model is not None  # exec_start checks it
