@@ -187,6 +187,19 @@ def beside(dest: Path, kind: str) -> Iterator[Path]:
         yield path
 
 
+def locked_folder(parent: Path, prefix: str) -> contextlib.AbstractContextManager[Path]:
+    """A fresh folder ``<parent>/<prefix>*``, locked while the block runs and removed after it;
+    first the ones killed runs left there with this prefix are removed (the store's scratch
+    space uses this)."""
+    return _locked(parent, prefix)
+
+
+def sweep_folders(parent: Path, prefixes: tuple[str, ...]) -> int:
+    """Remove what killed runs left in ``parent`` under ``prefixes`` (folders older than
+    :data:`STALE_AFTER` that no one holds locked). Returns how many."""
+    return _sweep(parent, prefixes)
+
+
 @contextlib.contextmanager
 def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     _sweep(parent, (prefix,))

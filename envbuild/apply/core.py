@@ -141,6 +141,7 @@ def apply(
         recovered = None
         if not options.dry_run:
             gens.remove_leftovers(paths)
+            _sweep_store_scratch(host)
             recovered = recover(paths, services)
             if recovered is not None and on_recovered is not None:
                 on_recovered(recovered)
@@ -269,6 +270,21 @@ def apply(
                 "the snapshot beside generation %d was not written: %s", target.number, exc.message
             )
         return outcome
+
+
+#: The store scratch folders apply makes (staging venvs and their uv cache, trees being made
+#: or removed, a repair's lock): what killed applies left of them the next apply removes.
+SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-")
+
+
+def _sweep_store_scratch(host: HostAccess) -> None:
+    try:
+        removed = host.store.sweep_temp(SCRATCH)
+    except OSError as exc:  # a store that cannot be read: the build says so, if it needs it
+        log.debug("store scratch not swept: %s", exc)
+        return
+    if removed:
+        log.info("removed %d scratch folder(s) killed applies left in the store", removed)
 
 
 def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[str]:

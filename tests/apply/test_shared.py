@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -259,8 +260,14 @@ def test_an_apply_killed_while_it_makes_trees_leaves_a_consistent_store(
     for key in trees.all():  # whatever is under trees/ is whole
         manifest = trees.manifest(key)
         assert manifest is not None and trees.verify(manifest) == []
+    left = list(store().tmp.iterdir())
+    assert any(p.name.startswith(("stage-", "uv-cache-")) for p in left)  # it was staging
+    for path in left:  # and as old as a run killed a while ago
+        os.utime(path, (time.time() - 3600, time.time() - 3600), follow_symlinks=False)
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 0, r.stderr
+    # the next apply removes what the killed one left (as builds do), not only gc
+    assert [p.name for p in store().tmp.iterdir()] == []
     assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
     r = cli("gc", "--json")
     assert r.exit_code == 0 and r.json()["removed_trees"] == []
