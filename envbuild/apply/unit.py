@@ -233,11 +233,14 @@ class Preview:
     #: Whether the generation's folder is known (its name holds a content hash that needs the
     #: store's built wheels); when not, the unit names ``<number>-unbuilt``.
     exact_path: bool
+    generation: int = 0
+    #: Whether apply would reuse that generation (it exists with these inputs and verifies).
+    reused: bool = False
 
 
 def preview(
     spec: Spec, spec_hash: str, *, generation: int, generation_path: Path, hf_home: Path,
-    env_file: Path, exact_path: bool,
+    env_file: Path, exact_path: bool, reused: bool = False,
 ) -> Preview:  # fmt: skip
     text = render_unit(
         spec,
@@ -245,4 +248,6 @@ def preview(
         ServeSettings(generation, generation_path, generation_path / "venv", hf_home, env_file),
     )
     _plain, secret = split_env(spec)
-    return Preview(unit_name(spec.name), text, env_file, sorted(secret), exact_path)
+    return Preview(
+        unit_name(spec.name), text, env_file, sorted(secret), exact_path, generation, reused
+    )
