@@ -127,11 +127,12 @@ def exec_start(spec: Spec, venv: Path, hub_cache: Path) -> list[str]:
         return repo_folder(hub_cache, repo) / "snapshots" / revision
 
     if model.gguf is not None:
-        # vllm-gguf-plugin's local_dir:quant_type form: the first file named by the quant
+        # vllm-gguf-plugin knows a local GGUF by its file's path (its <dir>:<quant> form takes
+        # GGML's own quant names only, not Unsloth's UD- ones) and finds the shards beside it
         folder = snapshot(model.repo, model.revision)
         if model.gguf.folder:
             folder = folder / model.gguf.folder
-        argv = [str(venv / "bin" / "vllm"), "serve", f"{folder}:{model.gguf.quant}"]
+        argv = [str(venv / "bin" / "vllm"), "serve", str(folder / model.gguf.file)]
     else:
         argv = [str(venv / "bin" / "vllm"), "serve", model.repo]
         argv += ["--revision", model.revision, "--code-revision", model.revision]
