@@ -212,6 +212,8 @@ def _remember(store: Store | None, inputs: Mapping[str, Any], answer: Mapping[st
 def check_command(gen: Generation, argv: Sequence[str], store: Store | None) -> ParseResult:
     """:func:`parse_commands` of the unit's serve arguments in ``gen``, its verdict kept in
     ``store`` (None: not kept)."""
+    if store is None:
+        return parse_commands(gen.venv / "bin" / "python", [list(argv)])[0]
     inputs = {"check": "parse", "environment": environment(gen), "argv": list(argv)}
     if (answer := _recall(store, inputs)) is not None:
         try:
@@ -233,6 +235,8 @@ def check_model(
 ) -> ModelCheck:
     """:func:`resolve_models` in ``gen``, its verdict kept in ``store`` keyed also by what the
     fetched ``snapshots`` hold (their files and the blobs they name)."""
+    if store is None:
+        return resolve_models(gen.venv / "bin" / "python", [reference], hf_home)[0]
     inputs = {
         "check": "model",
         "environment": environment(gen),
