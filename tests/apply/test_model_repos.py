@@ -1,7 +1,7 @@
 """Every repo the unit reads is pinned and fetched: a tokenizer or config repo from the spec's
 [model] is fetched at its own commit with the model (huggingface_hub's real client against the
 tests' local hub), the unit names its snapshot folder, and glm5-gguf's unit names only files the
-fetch put in the cache (GGUF in the plugin's local_dir:quant form, tokenizer and config from
+fetch put in the cache (the GGUF quant's first file, tokenizer and config from
 Z.ai's repo)."""
 
 from __future__ import annotations
