@@ -1,5 +1,10 @@
 """How long apply takes to realise a generation from a committed lock, and to check one again.
 
+``python3 bench/apply.py --cli [A B]``: the whole ``envbuild apply`` process as a user runs it
+(``/usr/bin/time``), A then B (the second experiment) in one root and store, B into a second
+root sharing the store (the parser's verdict known), B again; each spec serves a
+tiny model from a local hub instead of its placeholder revision, on fake GPUs (NVML only).
+
 ``python3 bench/apply.py --shared [--before DIR] [A B]`` instead (default kimi-k25-int4 then
 minimax-m25-fp8, which share every distribution): plain ``uv pip sync`` of B, copying and
 hard-linking, DIR's own ``realise`` of B (another checkout: today's generation), then
@@ -17,6 +22,7 @@ spec for bench/RESULTS.md.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -206,7 +212,125 @@ def first_pair(spec: str, before: Path, work: Path, rounds: int) -> None:
             remove_tree(work / f"store-{n}")
 
 
+#: ``envbuild apply`` with the fake GPUs of tests/support (NVML is all it fakes: a --root has no
+#: systemd, so the unit is installed, not started); everything else is the real CLI.
+CLI_MAIN = """
+import io, json, os, sys, time
+from dataclasses import replace
+t0 = time.monotonic()
+class Stamped(io.TextIOBase):  # each line of the log with the seconds since the start
+    def __init__(self, raw):
+        self.raw, self.start = raw, True
+    def write(self, text):
+        for part in text.splitlines(True):
+            self.raw.write((f"[{time.monotonic() - t0:7.2f}] " if self.start else "") + part)
+            self.start = part.endswith("\\n")
+        return len(text)
+    def flush(self):
+        self.raw.flush()
+sys.stderr = Stamped(sys.stderr)
+from envbuild.apply import host as hostmod
+from envbuild.apply.probe import SystemProbe
+from envbuild.cli import main
+from support.fakesystemd import FakeNvml
+real, gpus = hostmod.real_host, json.loads(os.environ["BENCH_GPUS"])
+def host(root, hf_home=hostmod.HF_HOME):
+    return replace(real(root, hf_home), probe=SystemProbe(FakeNvml(**gpus)))
+hostmod.real_host = host
+sys.exit(main(sys.argv[1:]))
+"""
+TINY = 'repo = "bench/tiny-{name}"\nrevision = "{rev}"\nsize_gb = 0.001\nfiles = ["*.json"]\n'
+
+
+def bench_specs(repo: Path, names: list[str], hub: object) -> list[Path]:
+    """Each spec as ``bench-<name>``: the same (extends it), serving a tiny model from the
+    local hub instead of its placeholder revision; locked with its Debian set kept."""
+    out = []
+    for n, name in enumerate(names):
+        rev = f"{n + 1:040x}"
+        hub.add(f"bench/tiny-{name}", rev, {"config.json": b'{"model_type": "llama"}'})  # type: ignore[attr-defined]
+        spec = repo / "specs" / f"bench-{name}.toml"
+        spec.write_text(f'extends = "{name}.toml"\n\n[model]\n' + TINY.format(name=name, rev=rev))
+        lock = repo / "lockfiles" / f"pylock.bench-{name}.toml"
+        shutil.copyfile(repo / "lockfiles" / f"pylock.{name}.toml", lock)
+        done = subprocess.run(
+            [sys.executable, "-m", "envbuild", "lock", str(spec), "--python-only"],
+            cwd=repo, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if done.returncode:
+            raise SystemExit(f"lock of {spec.name} failed:\n{done.stderr[-2000:]}")
+        out.append(spec)
+    return out
+
+
+def whole_apply(spec: Path, root: Path, env: dict[str, str], *extra: str) -> tuple[float, str]:
+    """One ``envbuild apply`` process, timed from outside (/usr/bin/time: wall seconds)."""
+    argv = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-c", CLI_MAIN, "apply", str(spec),
+            "--root", str(root), "--yes", *extra]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if log := env.get("BENCH_LOG"):  # the stamped log of each step, to see where time goes
+        with open(log, "a") as f:
+            f.write(f"== apply {spec.name} --root {root}\n{done.stderr}\n")
+    *_lines, last = done.stderr.strip().splitlines() or ["? ?"]
+    if done.returncode:
+        raise SystemExit(f"apply {spec.name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    wall, rss = last.split()
+    return float(wall), f"{int(rss) / 1e3:.0f} MB"
+
+
+def cli(names: list[str], work: Path) -> None:
+    """The whole ``envbuild apply`` command, as a user runs it: A into a root (its trees made),
+    B into the same root (the second experiment: another model and command, every tree
+    shared), then B into a second root sharing the store (a generation that shares the wheels
+    and the exact command: the parser's verdict known; under a --root the HF cache is the
+    root's, so the model check runs again), then B again (reused)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from support import hfhub
+
+    repo = work / "repo"
+    (repo / ".git").mkdir(parents=True)
+    for folder in ("specs", "lockfiles"):
+        shutil.copytree(REPO / folder, repo / folder)
+    tests = str(REPO / "tests")
+    with hfhub.serve() as hub:
+        specs = bench_specs(repo, names, hub)
+        env = {
+            **os.environ,
+            "ENVBUILD_STORE": str(work / "store"),
+            "XDG_CACHE_HOME": str(work / "xdg"),  # an empty link-check cache
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": "bench-token",
+            "PYTHONPATH": os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p),
+            "BENCH_GPUS": json.dumps({"gpu_count": 8,
+                                      "gpu_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}),
+        }  # fmt: skip
+        a, b = specs[0], specs[-1]
+        steps = [
+            (f"first apply ({a.stem}: its trees made, vLLM checked)", a, work / "root-1", ()),
+            (f"second experiment ({b.stem}, same root: another model and command)", b,
+             work / "root-1", ()),
+            (f"{b.stem} into a second root (same store and command: the parser's verdict "
+             "known; the model is fetched into that root's HF cache and checked)", b,
+             work / "root-2", ()),
+            (f"{b.stem} again (up to date: the generation reused, fully checked)", b,
+             work / "root-1", ()),
+        ]  # fmt: skip
+        print("| `envbuild apply` (whole process, /usr/bin/time) | wall (s) | peak RSS | "
+              "load average before (1, 5 min) |")  # fmt: skip
+        print("|---|---:|---:|---|")
+        for label, spec, root, extra in steps:
+            load = os.getloadavg()
+            wall, rss = whole_apply(spec, root, env, *extra)
+            print(f"| {label} | {wall:.1f} | {rss} | {load[0]:.2f}, {load[1]:.2f} |", flush=True)
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--cli"]:
+        # --cli [A B]: the whole `envbuild apply` process, first and second experiment
+        names = argv[1:] or ["kimi-k25-int4", "minimax-m25-fp8"]
+        with tempfile.TemporaryDirectory(prefix="envbuild-bench-cli-") as tmp:
+            cli(names, Path(tmp))
+        return
     if argv[:1] == ["--first-pair"]:
         # --first-pair --before DIR [SPEC]: is a first generation slower than before?
         before = Path(argv[argv.index("--before") + 1]).resolve()

@@ -211,6 +211,19 @@ def beside(dest: Path, kind: str) -> Iterator[Path]:
         yield path
 
 
+def locked_folder(parent: Path, prefix: str) -> contextlib.AbstractContextManager[Path]:
+    """A fresh folder ``<parent>/<prefix>*``, locked while the block runs and removed after it;
+    first the ones killed runs left there with this prefix are removed (the store's scratch
+    space uses this)."""
+    return _locked(parent, prefix)
+
+
+def sweep_folders(parent: Path, prefixes: tuple[str, ...]) -> int:
+    """Remove what killed runs left in ``parent`` under ``prefixes`` (folders older than
+    :data:`STALE_AFTER` that no one holds locked). Returns how many."""
+    return _sweep(parent, prefixes)
+
+
 @contextlib.contextmanager
 def _locked(parent: Path, prefix: str) -> Iterator[Path]:
     _sweep(parent, (prefix,))
@@ -225,7 +238,7 @@ def _locked(parent: Path, prefix: str) -> Iterator[Path]:
         yield path
     finally:
         try:
-            rmtree(path)
+            rmtree(path, unmount=prefix.startswith(CHROOT))
         finally:
             os.close(held)
 
@@ -271,7 +284,8 @@ def _sweep(parent: Path, prefixes: tuple[str, ...] = (PREFIX,)) -> int:
             continue
         log.info("removing %s, left by a build that did not finish", entry.path)
         try:
-            rmtree(Path(entry.path), unmount=entry.name.startswith(PREFIX + CHROOT))
+            chroot = entry.name.startswith((PREFIX + CHROOT, CHROOT))  # in memory, in the store
+            rmtree(Path(entry.path), unmount=chroot)
         finally:
             os.close(fd)
         removed += 1

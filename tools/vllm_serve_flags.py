@@ -4,6 +4,7 @@
     tools/vllm_serve_flags.py venv DEST --vllm 0.33.0 --lock lockfiles/pylock.kimi-nvfp4.toml \
         [--torch 'torch==2.13.0+cpu'] [--wheels DIR]
     tools/vllm_serve_flags.py table --python DEST/bin/python -o envbuild/spec/vllm_serve/0.33.0.toml
+    tools/vllm_serve_flags.py gguf-venv DEST2 --parser DEST --lock lockfiles/pylock.glm5-gguf.toml
 
 ``venv`` makes a venv that can build vLLM's argument parser without a GPU: the vLLM wheel from
 PyPI (``pip download --no-deps vllm==X``) installed without its dependencies, plus the lock's
@@ -98,6 +99,31 @@ def make_venv(dest: Path, vllm: str, gguf: str, lock: Path, torch: str, wheels: 
     )
 
 
+#: What gguf-venv adds to the parser venv, from the lock: the plugin and what it imports that
+#: the parser venv leaves out.
+GGUF_PACKAGES = ("vllm-gguf-plugin", "gguf", "triton")
+
+
+def gguf_venv(dest: Path, parser: Path, lock: Path) -> None:
+    """A venv over the parser venv (a .pth names its site-packages) with the lock's
+    vllm-gguf-plugin, gguf and triton, installed without dependencies by their locked sha256."""
+    locked = {p["name"]: p for p in tomllib.loads(lock.read_text(encoding="utf-8"))["packages"]}
+    lines = []
+    for name in GGUF_PACKAGES:
+        pkg = locked[name]
+        hashes = " ".join(f"--hash=sha256:{w['hashes']['sha256']}" for w in pkg["wheels"])
+        lines.append(f"{name}=={pkg['version']} {hashes}")
+    subprocess.run([sys.executable, "-m", "venv", str(dest)], check=True)
+    python = dest / "bin" / "python"
+    with tempfile.TemporaryDirectory() as tmp:
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text("\n".join(lines) + "\n")
+        _pip(python, "--require-hashes", "-r", str(reqs))
+    [site] = (dest / "lib").glob("python3*/site-packages")
+    [under] = (parser / "lib").glob("python3*/site-packages")
+    (site / "vllm-parser.pth").write_text(f"{under.resolve()}\n")
+
+
 def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -183,6 +209,10 @@ def main() -> int:
     v.add_argument("--lock", type=Path, required=True, help="a lock that pins this vLLM")
     v.add_argument("--torch", default="torch==2.13.0+cpu", help="a CPU torch (requirement/path)")
     v.add_argument("--wheels", type=Path, help="where to keep the downloaded wheels")
+    g = sub.add_parser("gguf-venv", help="the lock's vllm-gguf-plugin over a parser venv")
+    g.add_argument("dest", type=Path)
+    g.add_argument("--parser", type=Path, required=True, help="the venv `venv` made")
+    g.add_argument("--lock", type=Path, required=True, help="a lock with vllm-gguf-plugin")
     t = sub.add_parser("table", help="write the flag table from a parser venv")
     t.add_argument("--python", type=Path, required=True)
     t.add_argument("-o", "--output", type=Path, required=True)
@@ -197,6 +227,9 @@ def main() -> int:
                 args.torch,
                 args.wheels or Path(tmp),
             )
+        return 0
+    if args.cmd == "gguf-venv":
+        gguf_venv(args.dest, args.parser, args.lock)
         return 0
     data = table(args.python)
     args.output.parent.mkdir(parents=True, exist_ok=True)

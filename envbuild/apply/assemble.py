@@ -76,7 +76,14 @@ def uv_version() -> str:
 
 def layout(python: str, installer: str) -> dict[str, Any]:
     """What, besides the wheel, decides an installed tree's bytes."""
-    return {"python": python, "installer": installer, "venv": "uv venv --relocatable"}
+    # "folders": trees record the empty folders a wheel ships (trees made before did not, so
+    # they have other keys and are made again rather than linked without those folders)
+    return {
+        "python": python,
+        "installer": installer,
+        "venv": "uv venv --relocatable",
+        "folders": "recorded",
+    }
 
 
 def interpreter_id(venv: Path) -> dict[str, str]:
@@ -201,7 +208,7 @@ class Assembler:
             for venv in venvs_:
                 venvs.create_venv(venv, self.python)
             interp = interpreter_id(venvs_[0])
-            skeleton = set(listing(venvs_[0]))
+            skeleton = set(listing(venvs_[0])) | set(folders(venvs_[0]))
             locks = []
             for n, group in enumerate(groups):
                 partial = install_lock.parent / f"pylock.stage{n}.toml"
@@ -256,6 +263,7 @@ class Assembler:
             raise EnvironmentFailure(
                 f"uv installed files no RECORD lists: {', '.join(sorted(left)[:5])}"
             )
+        empty = _empty_folders(venv, skeleton, claims)
         shared = {rel for rel, owners in claims.items() if len(owners) > 1}
         hashed = _hash_all(venv, claims)
         made = []
@@ -266,7 +274,12 @@ class Assembler:
             pkg = by_name.get(dist)
             if pkg is None:
                 raise EnvironmentFailure(f"uv installed {dist}, which the lock does not name")
-            made.append(self._tree(pkg, dist, version, files, tags, venv, shared, interp, hashed))
+            made.append(
+                self._tree(
+                    pkg, dist, version, files, tags, venv, shared, interp, hashed,
+                    empty.get(dist, []),
+                )
+            )  # fmt: skip
         alone += lost
         return made
 
@@ -289,6 +302,7 @@ class Assembler:
         shared: set[str],
         interp: Mapping[str, str],
         hashed: Mapping[str, str],
+        dirs: Sequence[str] = (),
     ) -> tuple[TreeManifest, str]:
         candidates = _wheels(pkg)
         wheel = _chosen(candidates, version, tags)
@@ -317,6 +331,7 @@ class Assembler:
             digests=digests,
             shared=shared & set(files),
             as_published=as_published,
+            dirs=dirs,
         )
         inputs = _choice_inputs(pkg, self.python, interp, self.layout)
         drv = self.store.record(CHOICE, inputs, {}, {"tree": key, "wheel": wheel})
@@ -336,6 +351,8 @@ class Assembler:
         root = str(venv)
         for manifest in manifests:  # str paths: this runs once per file of the venv
             base = str(self.trees.files(manifest.key))
+            for rel in manifest.dirs:  # the wheel's empty folders, as uv makes them
+                os.makedirs(f"{root}/{rel}", mode=0o755, exist_ok=True)
             for rel, entry in sorted(manifest.files.items()):
                 target = f"{root}/{rel}"
                 if rel in placed:
@@ -424,6 +441,53 @@ def listing(venv: Path) -> list[str]:
     for top, dirs, names in os.walk(venv):
         out += [os.path.join(top, name)[skip:] for name in names]
         out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
+    return out
+
+
+def folders(venv: Path) -> list[str]:
+    """Every folder under ``venv`` (not a symlink to one), venv-relative."""
+    out = []
+    skip = len(str(venv)) + 1
+    for top, dirs, _names in os.walk(venv):
+        out += [
+            os.path.join(top, d)[skip:] for d in dirs if not os.path.islink(os.path.join(top, d))
+        ]
+    return out
+
+
+def ancestors(rels: Iterable[str]) -> set[str]:
+    """Every folder above each of ``rels`` (venv-relative), up to the venv's root."""
+    out: set[str] = set()
+    for rel in rels:
+        folder = os.path.dirname(rel)
+        while folder and folder not in out:
+            out.add(folder)
+            folder = os.path.dirname(folder)
+    return out
+
+
+def _empty_folders(
+    venv: Path, skeleton: set[str], claims: Mapping[str, Sequence[str]]
+) -> dict[str, list[str]]:
+    """dist -> the folders uv made in ``venv`` that hold no file of any RECORD (a wheel's
+    empty folders), each given to the one distribution whose files share its nearest folder."""
+    holding = ancestors(claims)
+    owners: dict[str, set[str]] = {}
+    for rel, dists in claims.items():
+        for folder in ancestors([rel]):
+            owners.setdefault(folder, set()).update(dists)
+    out: dict[str, list[str]] = {}
+    for rel in sorted(set(folders(venv)) - skeleton - holding):
+        folder = os.path.dirname(rel)
+        while folder and folder not in owners:
+            folder = os.path.dirname(folder)
+        whose = owners.get(folder, set())
+        if folder in skeleton or len(whose) != 1:
+            raise EnvironmentFailure(
+                f"uv made the empty folder {shown(rel)}, and no one distribution's files are "
+                "beside it to say whose it is"
+            )
+        out.setdefault(next(iter(whose)), []).append(rel)
     return out
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbuild.apply import generations as gens
@@ -35,7 +37,13 @@ from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
 from envbuild.apply.preflight import LinkResult, PreflightInput, run_preflight
 from envbuild.apply.record import write_snapshot
-from envbuild.apply.servecheck import ParseResult, parse_commands, serve_args
+from envbuild.apply.servecheck import (
+    ModelCheck,
+    ParseResult,
+    check_command,
+    check_model,
+    serve_args,
+)
 from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
@@ -43,6 +51,7 @@ from envbuild.apply.wheels import wanted
 from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings, UserError
 from envbuild.spec.checks.serve import placeholders
 from envbuild.spec.model import Spec
+from envbuild.store.core import Store
 
 if TYPE_CHECKING:
     from envbuild.linkcheck import Report
@@ -141,6 +150,7 @@ def apply(
         recovered = None
         if not options.dry_run:
             gens.remove_leftovers(paths)
+            _sweep_store_scratch(host)
             recovered = recover(paths, services)
             if recovered is not None and on_recovered is not None:
                 on_recovered(recovered)
@@ -174,7 +184,7 @@ def apply(
         store_missing = {} if reuse else host.wheels.missing(inp)
         parsed: ParseResult | None = None
         if reuse and unit is not None and found is not None and found.generation is not None:
-            parsed = vllm_parses(found.generation, spec, paths)
+            parsed = vllm_parses(found.generation, spec, paths, host.store)
         linked: LinkResult | None = None  # of a generation built before; else after the build
         if reuse and found is not None and found.generation is not None:
             linked = link_result(found.generation, spec)
@@ -216,7 +226,7 @@ def apply(
         _record_build(outcome, realised)
         if unit is not None and parsed is None:
             # vLLM's own parser on the exact command, before the model download and the switch
-            _refuse_unparsable(realised.generation, spec, paths)
+            parsed = _refuse_unparsable(realised.generation, spec, paths, host.store)
         if linked is None:
             # the link check of the venv just built, before the model download and the switch
             _check_links(realised.generation, spec)
@@ -226,6 +236,10 @@ def apply(
             # every repo the unit reads, at its own pinned commit, before an offline unit starts
             fetched = [fetch_model(paths.hf_hub_cache, repo) for repo in spec.model.repos()]
             outcome.model, outcome.repos = fetched[0], fetched[1:]
+            if unit is not None and parsed is not None:
+                # the locked code's own model recognition on the exact command: it must load
+                # what was just fetched (before the switch stops the running service)
+                refuse_unloadable(realised.generation, spec, paths, parsed, fetched, host.store)
         target = realised.generation
         if drift is None and current is not None and current.number == target.number:
             drift = _service_drift(paths, current, spec)  # known only now that it is built
@@ -271,6 +285,21 @@ def apply(
         return outcome
 
 
+#: The store scratch folders apply makes (staging venvs and their uv cache, trees being made
+#: or removed, a repair's lock): what killed applies left of them the next apply removes.
+SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-")
+
+
+def _sweep_store_scratch(host: HostAccess) -> None:
+    try:
+        removed = host.store.sweep_temp(SCRATCH)
+    except OSError as exc:  # a store that cannot be read: the build says so, if it needs it
+        log.debug("store scratch not swept: %s", exc)
+        return
+    if removed:
+        log.info("removed %d scratch folder(s) killed applies left in the store", removed)
+
+
 def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[str]:
     """What keeps the current generation's service from being as apply leaves it: its unit
     file edited or gone, or the secrets file not what the caller's environment gives now (a
@@ -292,16 +321,85 @@ def _service_drift(paths: Paths, current: gens.Generation, spec: Spec) -> list[s
     return problems
 
 
-def vllm_parses(generation: gens.Generation, spec: Spec, paths: Paths) -> ParseResult:
+def vllm_parses(
+    generation: gens.Generation, spec: Spec, paths: Paths, store: Store | None = None
+) -> ParseResult:
     """The generation's vLLM parser on the unit's command (as :func:`units.render_unit` wrote
-    it into the generation's unit file)."""
+    it into the generation's unit file); its verdict kept in ``store``."""
     argv = units.exec_start(spec, generation.venv, paths.hf_hub_cache)
-    [result] = parse_commands(generation.venv / "bin" / "python", [serve_args(argv)])
+    result = check_command(generation, serve_args(argv), store)
+    if result.cached:
+        log.info("generation %d: vLLM's verdict on the unit's command is known (%s)",
+                 generation.number, "accepted" if result.ok else "refused")  # fmt: skip
     return result
 
 
-def _refuse_unparsable(generation: gens.Generation, spec: Spec, paths: Paths) -> None:
-    result = vllm_parses(generation, spec, paths)
+def refuse_unloadable(
+    generation: gens.Generation,
+    spec: Spec,
+    paths: Paths,
+    parsed: ParseResult,
+    fetched: list[ModelResult],
+    store: Store | None = None,
+) -> ModelCheck | None:
+    """Refuse (exit 2) a unit whose model the generation's locked vLLM and plugins would not
+    load from what apply fetched: the reference must resolve (vLLM's and its plugins' own
+    recognition) to the model's snapshot, every shard of a GGUF too, and its config to the
+    config repo's snapshot (or the model's)."""
+    if parsed.reference is None or not parsed.reference.get("model"):
+        return None  # the parser could not be loaded: warned about already
+    snapshots = [m.path for m in fetched]
+    result = check_model(generation, parsed.reference, paths.hf_home, snapshots, store)
+    if result.ok is None:
+        log.warning("generation %d: vLLM's model loader could not be loaded, the unit's model "
+                    "is not checked: %s", generation.number, result.error)  # fmt: skip
+        return result
+    model = parsed.reference["model"]
+    problem = model_problem(result, fetched, spec)
+    if problem:
+        raise UserError(
+            f"vLLM in generation {generation.number} would not load the unit's model {model}: "
+            f"{problem}",
+            hint="fix [model] (and [model.gguf]: the quant's first file as the repo names it) "
+            "and apply again; nothing was switched",
+        )
+    log.info("generation %d: vLLM loads the unit's model from %s%s", generation.number,
+             result.weights, " (known)" if result.cached else "")  # fmt: skip
+    return result
+
+
+def model_problem(result: ModelCheck, fetched: list[ModelResult], spec: Spec) -> str | None:
+    """Why the engine would not load the model apply fetched (``result``: where the locked
+    code resolves the unit's reference), or None: the locked code refuses it, or what it
+    resolves to lies outside the fetched snapshots."""
+    if not result.ok:
+        return result.error or "refused"
+
+    def inside(path: str | None, folder: Path) -> bool:
+        return path is not None and (path == str(folder) or path.startswith(f"{folder}/"))
+
+    own = fetched[0].path
+    config_repo = spec.model.config if spec.model is not None else None
+    config = next((m.path for m in fetched if config_repo and m.repo == config_repo.repo), own)
+    if not inside(result.weights, own):
+        return f"it resolves to {result.weights}, not into the fetched snapshot {own}"
+    if result.kind == "gguf":
+        outside = [s for s in result.shards if not inside(s, own)]
+        if outside:
+            return f"its shard {outside[0]} is not in the fetched snapshot {own}"
+        match = re.search(r"-(\d+)-of-(\d+)\.gguf$", result.weights or "")
+        if match and len(result.shards) != int(match.group(2)):
+            return (f"the plugin finds {len(result.shards)} of its {int(match.group(2))} "
+                    f"shards beside {result.weights}")  # fmt: skip
+    if not inside(result.config, config):
+        return f"its config resolves to {result.config or 'nothing'}, not to {config}"
+    return None
+
+
+def _refuse_unparsable(
+    generation: gens.Generation, spec: Spec, paths: Paths, store: Store | None = None
+) -> ParseResult:
+    result = vllm_parses(generation, spec, paths, store)
     if result.ok is None:
         log.warning(
             "generation %d: vLLM's argument parser could not be loaded, the unit's command is "
@@ -317,6 +415,7 @@ def _refuse_unparsable(generation: gens.Generation, spec: Spec, paths: Paths) ->
         )
     else:
         log.info("generation %d: vLLM's parser accepts the unit's command", generation.number)
+    return result
 
 
 def _placeholders(inp: ApplyInput) -> list[tuple[str, str, str]]:

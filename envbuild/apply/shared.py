@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.apply import generations as gens
 from envbuild.apply import venv as venvs
-from envbuild.apply.assemble import Assembler, listing, shown
+from envbuild.apply.assemble import Assembler, ancestors, folders, listing, shown
 from envbuild.apply.generations import Generation
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import sha256_file
@@ -67,13 +67,6 @@ def _read_only(path: str) -> None:
     st = os.lstat(path)
     if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o222:
         os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o222)
-
-
-def _bytecode(rel: str) -> bool:
-    """Python's own cache (``__pycache__/*.pyc``, written on import where it may): as in a
-    RECORD check, not a change of the environment."""
-    parts = rel.split(os.sep)
-    return len(parts) > 1 and parts[-2] == "__pycache__" and rel.endswith(".pyc")
 
 
 def _owner(rel: str, folders: Mapping[str, str]) -> str | None:
@@ -193,14 +186,22 @@ def check(
         for dist in gone
     ]
     have = _entries(gen.venv)
-    folders = {os.path.dirname(rel): dist for rel, (dist, _m) in want.items()}
+    folders_of = {os.path.dirname(rel): dist for rel, (dist, _m) in want.items()}
     for rel, st in sorted(have.items()):
         if rel in gen.meta.venv_files:
             if _describe(gen.venv / rel, st) != gen.meta.venv_files[rel]:
                 problems.append(f"venv: {rel} was modified")
-        elif rel not in want and not _bytecode(rel):
-            owner = _owner(rel, folders)
+        elif rel not in want:  # bytecode too: nothing writes any into a generation
+            owner = _owner(rel, folders_of)
             problems.append(f"venv: {owner + ': ' if owner else ''}{shown(rel)} was added")
+    # and every folder: one no file of the manifest is in, nor a tree's own empty folder
+    made = ancestors([*want, *gen.meta.venv_files])
+    empty = {d for _dist, m in want.values() for d in m.dirs}
+    made |= empty | ancestors(empty)
+    for rel in sorted(set(folders(gen.venv)) - made):
+        if os.path.dirname(rel) in made or not os.path.dirname(rel):  # its top added folder
+            owner = _owner(rel, folders_of)
+            problems.append(f"venv: {owner + ': ' if owner else ''}{shown(rel)}/ was added")
     for rel in sorted(set(gen.meta.venv_files) - set(have)):
         problems.append(f"venv: {rel} is missing")
     for rel, (dist, manifest) in sorted(want.items()):

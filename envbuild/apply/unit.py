@@ -83,6 +83,12 @@ class ServeSettings:
     env_file: Path
 
 
+def pycache_prefix(generation_path: Path) -> Path:
+    """Where the unit's Python writes its bytecode: the state dir's ``pycache/`` (beside
+    ``generations/``), under which each generation's sources have their own paths."""
+    return generation_path.parent.parent / "pycache"
+
+
 def split_env(spec: Spec) -> tuple[dict[str, str], dict[str, str]]:
     """``[serve.env]`` as (plain values, secret templates that reference ``${NAME}``)."""
     plain: dict[str, str] = {}
@@ -121,11 +127,12 @@ def exec_start(spec: Spec, venv: Path, hub_cache: Path) -> list[str]:
         return repo_folder(hub_cache, repo) / "snapshots" / revision
 
     if model.gguf is not None:
-        # vllm-gguf-plugin's local_dir:quant_type form: the first file named by the quant
+        # vllm-gguf-plugin knows a local GGUF by its file's path (its <dir>:<quant> form takes
+        # GGML's own quant names only, not Unsloth's UD- ones) and finds the shards beside it
         folder = snapshot(model.repo, model.revision)
         if model.gguf.folder:
             folder = folder / model.gguf.folder
-        argv = [str(venv / "bin" / "vllm"), "serve", f"{folder}:{model.gguf.quant}"]
+        argv = [str(venv / "bin" / "vllm"), "serve", str(folder / model.gguf.file)]
     else:
         argv = [str(venv / "bin" / "vllm"), "serve", model.repo]
         argv += ["--revision", model.revision, "--code-revision", model.revision]
@@ -162,6 +169,9 @@ def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
         # The model was fetched by apply; serving never reaches the hub unless the spec says so.
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        # A generation is read-only and exactly its manifest (root writes into 0555 folders
+        # anyway): Python's bytecode cache goes beside the generations, never into one.
+        "PYTHONPYCACHEPREFIX": str(pycache_prefix(settings.generation_path)),
         **plain,
     }
     assert spec.model is not None  # exec_start checks it
@@ -224,11 +234,14 @@ class Preview:
     #: Whether the generation's folder is known (its name holds a content hash that needs the
     #: store's built wheels); when not, the unit names ``<number>-unbuilt``.
     exact_path: bool
+    generation: int = 0
+    #: Whether apply would reuse that generation (it exists with these inputs and verifies).
+    reused: bool = False
 
 
 def preview(
     spec: Spec, spec_hash: str, *, generation: int, generation_path: Path, hf_home: Path,
-    env_file: Path, exact_path: bool,
+    env_file: Path, exact_path: bool, reused: bool = False,
 ) -> Preview:  # fmt: skip
     text = render_unit(
         spec,
@@ -236,4 +249,6 @@ def preview(
         ServeSettings(generation, generation_path, generation_path / "venv", hf_home, env_file),
     )
     _plain, secret = split_env(spec)
-    return Preview(unit_name(spec.name), text, env_file, sorted(secret), exact_path)
+    return Preview(
+        unit_name(spec.name), text, env_file, sorted(secret), exact_path, generation, reused
+    )

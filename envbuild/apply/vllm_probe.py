@@ -10,10 +10,18 @@ imports nothing from envbuild, only the standard library and vLLM. It builds the
 - ``parse``: reads a JSON list of commands on stdin (each the arguments after ``vllm serve``),
   parses each as ``vllm serve ARG...`` and runs the checks vLLM runs before loading anything
   (``ServeSubcommand.validate`` and the parser-name checks of the API server); prints a list of
-  ``{"ok": true}`` or ``{"ok": false, "error": …}``, one per command. When vLLM's parser cannot
-  even be imported, it prints ``{"ok": null, "error": …}`` once.
+  ``{"ok": true, "reference": {model, tokenizer, hf_config_path, revision}}`` (what the parsed
+  command names to load) or ``{"ok": false, "error": …}``, one per command. When vLLM's parser
+  cannot even be imported, it prints ``{"ok": null, "error": …}`` once; or
+- ``model``: reads a list of such references on stdin and resolves each the way the engine
+  will, with the locked code's own functions, offline in the unit's ``HF_HOME``: the
+  installed general plugins that take over model references first (vllm-gguf-plugin: its
+  ``_is_gguf_reference``, its loader's ``_prepare_weights`` and shard discovery, its config
+  source), then vLLM's ``file_or_path_exists`` for the config. Prints a list of ``{"ok",
+  "error", "kind", "weights", "shards", "config", "plugins"}`` (``{"ok": null, "error"}``
+  once when vLLM cannot be imported).
 
-Nothing is loaded onto a GPU and no model is read: this is parse only.
+Nothing is loaded onto a GPU and no weights are read (a GGUF file's first bytes at most).
 """
 
 # mypy: disable-error-code="import-not-found"
@@ -119,14 +127,89 @@ def parse(argv: list[str]) -> dict[str, Any]:
         return {"ok": False, "error": message.removeprefix("vllm: error: ")}
     except Exception as exc:  # vLLM's checks raise ValueError, TypeError, KeyError
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    return {"ok": True}
+    reference = {
+        key: None if getattr(args, key, None) is None else str(getattr(args, key))
+        for key in ("model", "tokenizer", "hf_config_path", "revision")
+    }
+    return {"ok": True, "reference": reference}
+
+
+#: General plugins whose model-reference handling this probe runs (their own functions).
+GGUF_PLUGIN = "vllm_gguf_plugin"
+
+
+def _plugins() -> list[str]:
+    from importlib.metadata import entry_points
+
+    return sorted(f"{ep.name}={ep.value}" for ep in entry_points(group="vllm.general_plugins"))
+
+
+def model(ref: dict[str, Any]) -> dict[str, Any]:
+    """Where the engine would load ``ref`` from (see the module's docstring)."""
+    from types import SimpleNamespace
+
+    plugins = _plugins()
+    name = str(ref["model"])
+    out: dict[str, Any] = {"plugins": plugins, "kind": "hf", "weights": None, "shards": []}
+    config_source = name
+    if any(p.split("=", 1)[1].startswith(GGUF_PLUGIN) for p in plugins):
+        # what the plugin's register() patches into EngineArgs.create_model_config decides
+        from vllm_gguf_plugin import plugin as gguf_plugin
+        from vllm_gguf_plugin.loader import GGUFModelLoader
+        from vllm_gguf_plugin.weights_adapter.default import GGUFWeightsAdapter
+
+        if gguf_plugin._is_gguf_reference(name):
+            out["kind"] = "gguf"
+            loader = SimpleNamespace(load_config=SimpleNamespace(download_dir=None,
+                                                                 ignore_patterns=None))  # fmt: skip
+            try:
+                weights = GGUFModelLoader._prepare_weights(
+                    loader, SimpleNamespace(model_weights=name, model=name)
+                )
+            except Exception as exc:  # its loader raises ValueError, the hub offline errors
+                return {**out, "ok": False,
+                        "error": f"vllm-gguf-plugin cannot find the weights: {exc}"}  # fmt: skip
+            out["weights"] = os.path.abspath(weights)
+            out["shards"] = [os.path.abspath(f) for f in
+                             GGUFWeightsAdapter._get_all_gguf_files(weights)]  # fmt: skip
+            config_source = gguf_plugin._get_gguf_config_source(
+                name, ref.get("tokenizer"), ref.get("hf_config_path")
+            )
+    from vllm.transformers_utils.repo_utils import file_or_path_exists
+
+    try:
+        found = file_or_path_exists(config_source, "config.json", revision=ref.get("revision"))
+    except Exception as exc:  # an invalid repo id, the hub offline
+        found, why = False, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "no config.json there"
+    if not found:
+        return {**out, "ok": False, "error": (
+            f"vLLM reads {config_source!r} as a Hugging Face repo id or a folder and finds "
+            f"no model there ({why})"
+        )}  # fmt: skip
+    out["config"] = _config_folder(config_source, ref.get("revision"))
+    if out["kind"] == "hf":
+        out["weights"] = out["config"]
+    return {**out, "ok": True, "error": None}
+
+
+def _config_folder(source: str, revision: str | None) -> str:
+    if os.path.exists(source):
+        return os.path.abspath(source)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id=source, filename="config.json", revision=revision)
+    return os.path.dirname(str(cached)) if isinstance(cached, str) else ""
 
 
 def main() -> int:
-    if len(sys.argv) != 2 or sys.argv[1] not in ("dump", "parse"):
-        sys.stderr.write("usage: vllm_probe.py dump | parse < [[ARG, ...], ...]\n")
+    if len(sys.argv) != 2 or sys.argv[1] not in ("dump", "parse", "model"):
+        sys.stderr.write(
+            "usage: vllm_probe.py dump | parse < [[ARG, ...], ...] | model < {model, ...}\n"
+        )
         return 2
-    commands = json.load(sys.stdin) if sys.argv[1] == "parse" else []
+    commands: Any = json.load(sys.stdin) if sys.argv[1] in ("parse", "model") else []
     # vLLM may print while importing; only our JSON goes to stdout.
     out = sys.stdout
     sys.stdout = sys.stderr
@@ -134,6 +217,13 @@ def main() -> int:
     result: Any
     if sys.argv[1] == "dump":
         result = dump()
+    elif sys.argv[1] == "model":
+        try:
+            import vllm.transformers_utils.repo_utils
+        except Exception as exc:
+            result = {"ok": None, "error": f"{type(exc).__name__}: {exc}"}
+        else:
+            result = [model(ref) for ref in commands]
     else:
         try:
             import vllm.entrypoints.cli.serve  # noqa: F401

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 def run_unit(args: argparse.Namespace) -> int:
     host = real_host(Path(args.root), args.hf_home)
     inp = from_spec(args.spec, lock=Path(args.lock) if args.lock else None)
-    shown = unit_preview(inp, host.paths, host.wheels)
+    shown = unit_preview(inp, host.paths, host.wheels, host.store)
     if args.output:
         write_atomic(Path(args.output), shown.text, 0o644)
     if args.json:
@@ -74,6 +74,8 @@ def run_unit(args: argparse.Namespace) -> int:
                 "env_file": str(shown.env_file),
                 "env_keys": shown.env_keys,
                 "exact_path": shown.exact_path,
+                "generation": shown.generation,
+                "reused": shown.reused,
             }
         )
     elif not args.output:
@@ -81,6 +83,8 @@ def run_unit(args: argparse.Namespace) -> int:
     if not args.json:
         keys = ", ".join(shown.env_keys) or "none"
         sys.stderr.write(f"{shown.unit}: EnvironmentFile {shown.env_file} holds {keys}\n")
+        what = "reuses" if shown.reused else "would build"
+        sys.stderr.write(f"apply {what} generation {shown.generation}\n")
         if not shown.exact_path:
             sys.stderr.write(
                 "note: the generation's folder is named by a content hash known once its "

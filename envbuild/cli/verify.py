@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from envbuild.cli import render
+from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 from envbuild.snapshot.diff.facts import size_text
 from envbuild.snapshot.diff.render import render_text
@@ -37,7 +38,10 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     result = verify(
-        Path(args.manifest), pythons=args.python, integrity="quick" if args.quick else "full"
+        Path(args.manifest),
+        pythons=args.python,
+        integrity="quick" if args.quick else "full",
+        engine=docker_engine(),  # the engine the snapshot asked: one setting for both
     )
     if args.json:
         render.emit_json(result.as_dict())

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbuild.engine import ContainerEngine
 from envbuild.snapshot import Options, take_snapshot
 from envbuild.snapshot.diff.compare import DiffResult, compare
 from envbuild.snapshot.diff.machine import snapshot_facts
@@ -97,10 +98,14 @@ def verify(
     pythons: list[str] | None = None,
     integrity: Mode = "full",
     nvml: Nvml | None = None,
+    engine: ContainerEngine | None = None,
 ) -> VerifyResult:
+    """``engine``: the container engine to ask, as for the snapshot (the CLI's
+    :func:`~envbuild.cli.engineopts.docker_engine`, ``$DOCKER_HOST``); None: the default socket."""
     recorded = load_snapshot(manifest)
     opts = scope_of(recorded, pythons, integrity)
     opts.nvml = nvml
+    opts.engine = engine
     live = take_snapshot(opts)
     a = snapshot_facts(recorded, str(manifest))
     for key in ("refs", "layers"):  # what it was built from is not machine state

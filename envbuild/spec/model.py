@@ -23,6 +23,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from envbuild.spec.scalars import (
@@ -180,8 +181,10 @@ class AuxRepo(Strict):
 
 
 class GgufModel(Strict):
-    """How vllm-gguf-plugin loads the model: ``<folder in the snapshot>:<quant>`` (its
-    ``local_dir:quant_type`` form), so vLLM reads the pinned snapshot apply fetched."""
+    """How vllm-gguf-plugin loads the model: the path of the quant's first ``.gguf`` file in
+    the pinned snapshot apply fetched (the plugin knows a local GGUF by its path and finds the
+    other ``-0000k-of-0000n`` shards beside it). Its ``local_dir:quant_type`` form takes only
+    GGML's own quant names, not Unsloth's ``UD-`` ones."""
 
     quant: GgufQuant = Field(
         description="the quant type the files are named by (their name holds -QUANT- or -QUANT.)"
@@ -189,6 +192,23 @@ class GgufModel(Strict):
     folder: Text = Field(
         "", description="the folder of the repo holding the quant's .gguf files ('' for the top)"
     )
+    file: str = Field(
+        description="the quant's first .gguf file in that folder, as the repo names it "
+        "(GLM-5-UD-IQ2_XXS-00001-of-00006.gguf): the unit's model argument"
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _gguf_file(cls, value: str) -> str:
+        if "/" in value or not value.endswith(".gguf") or value.startswith("."):
+            raise ValueError(f"{value!r} must be a .gguf file name (its folder is `folder`)")
+        return value
+
+    @model_validator(mode="after")
+    def _file_of_quant(self) -> GgufModel:
+        if f"-{self.quant}." not in self.file and f"-{self.quant}-" not in self.file:
+            raise ValueError(f"{self.file!r} is not named by the quant {self.quant!r}")
+        return self
 
     @field_validator("folder")
     @classmethod

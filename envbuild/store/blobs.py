@@ -40,10 +40,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Protocol, Self
 
+from envbuild import scratch
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir, no_space, rmtree
 from envbuild.oci import DIGEST_RE
-from envbuild.scratch import CHROOT
 from envbuild.store.stamps import Stamps, open_regular
 
 log = logging.getLogger(__name__)
@@ -434,15 +434,24 @@ class BlobStore:
         the block; ``gc`` removes any that a killed process left behind. ``session=False`` for
         a caller that holds the gc lock itself (a session would wait for it)."""
         self._ensure()
-        with self.session() if session else contextlib.nullcontext(self):
+        with (
+            self.session() if session else contextlib.nullcontext(self),
+            contextlib.ExitStack() as held,
+        ):
             try:
-                path = Path(tempfile.mkdtemp(prefix=prefix, dir=self.tmp))
+                # locked while used: what a killed run left with this prefix, the next one
+                # removes (and :meth:`sweep_temp`), not only gc
+                path = held.enter_context(scratch.locked_folder(self.tmp, prefix))
             except OSError as exc:
                 raise store_error(self.root, exc, "creating a scratch directory") from exc
-            try:
-                yield path
-            finally:
-                rmtree(path, unmount=prefix.startswith(CHROOT))
+            yield path
+
+    def sweep_temp(self, prefixes: tuple[str, ...]) -> int:
+        """Remove the scratch folders of these prefixes that killed runs left (a run that is
+        alive holds its folder locked). Returns how many."""
+        if not self.tmp.is_dir():
+            return 0
+        return scratch.sweep_folders(self.tmp, prefixes)
 
     def _write_file(self, path: Path, data: bytes) -> None:
         """Atomically write a small metadata file (temp in tmp/, fsync, rename)."""

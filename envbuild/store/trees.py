@@ -72,10 +72,15 @@ class TreeManifest(BaseModel):
         description="files whose bytes differ from their RECORD line as the wheel was published "
         "(the installer checked the wheel's own sha256, so these are the index's bytes)",
     )
+    dirs: list[str] = Field(
+        default_factory=list,
+        description="folders it makes that hold none of its files (a wheel's empty folders, "
+        "which the installer makes from the archive's own entries), relative to the venv root",
+    )
 
-    @field_validator("files")
+    @field_validator("files", "dirs")
     @classmethod
-    def _inside(cls, files: dict[str, TreeFile]) -> dict[str, TreeFile]:
+    def _inside(cls, files: Any) -> Any:
         for rel in files:
             parts = rel.split("/")
             if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -111,6 +116,17 @@ def tree_key(wheel: str | None, layout: Mapping[str, Any], candidates: Iterable[
     if wheel is None:
         inputs["candidates"] = sorted(candidates)
     return derivation_key(KIND, inputs)
+
+
+def _missing_dirs(base: Path, manifest: TreeManifest) -> list[str]:
+    return [rel for rel in manifest.dirs if not stat.S_ISDIR(_lstat_mode(base / rel))]
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _mode(st_mode: int) -> int:
@@ -167,7 +183,7 @@ class Trees:
                 or stat.S_IMODE(st.st_mode) != entry.mode
             ):
                 bad.append(rel)
-        return sorted(bad)
+        return sorted(bad + _missing_dirs(base, manifest))
 
     def verify(self, manifest: TreeManifest) -> list[str]:
         """Paths whose bytes or mode are not what the manifest says (every file hashed)."""
@@ -187,7 +203,7 @@ class Trees:
                 ok = False
             if not ok:
                 bad.append(rel)
-        return sorted(bad)
+        return sorted(bad + _missing_dirs(base, manifest))
 
     def in_use(self, key: str) -> bool:
         """Whether any file of the tree is hard-linked from elsewhere (a generation)."""
@@ -215,6 +231,7 @@ class Trees:
         digests: Mapping[str, str],
         shared: Iterable[str] = (),
         as_published: Iterable[str] = (),
+        dirs: Iterable[str] = (),
     ) -> TreeManifest:
         """Make tree ``key`` from ``sources`` (venv-relative path -> a staged file on the
         store's file system, whose sha256 ``digests`` gives: the caller hashed it to check it
@@ -251,6 +268,13 @@ class Trees:
                 entries[rel] = TreeFile.model_construct(  # the values are ours: no validation
                     sha256=digests[rel], size=st.st_size, mode=mode, mtime_ns=st.st_mtime_ns
                 )
+            folders = sorted(set(dirs))
+            for rel in folders:  # the wheel's empty folders
+                target = f"{base}/{rel}"
+                os.makedirs(target, exist_ok=True)
+                while target not in made:
+                    made.add(target)
+                    target = os.path.dirname(target)
             manifest = TreeManifest(
                 key=key,
                 dist=dist,
@@ -259,6 +283,7 @@ class Trees:
                 layout=dict(layout),
                 files=entries,
                 as_published=sorted(as_published),
+                dirs=folders,
             )
             (work / MANIFEST).write_bytes(compact_json(manifest.model_dump(mode="json")))
             os.chmod(work / MANIFEST, 0o444)

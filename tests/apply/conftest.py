@@ -117,6 +117,14 @@ def wheel_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         fake_vllm_wheel(dist, "0.0.2"),
         vllm_that_will_not_load(dist, work / "cc"),
         published_with_a_wrong_record(dist),
+        # a wheel with an empty folder (tokenspeed-triton ships tokenspeed_triton/instrumentation/)
+        make_wheel(
+            dist,
+            "emptydir",
+            "1.0",
+            {"emptydir/__init__.py": ""},
+            dirs=("emptydir/instrumentation",),
+        ),
         # two distributions that install one path with other bytes (cuda-python and
         # cuda-bindings do, in vLLM 0.33's environment)
         make_wheel(dist, "clash-old", "1.0", {"clash/shared.py": "WHO = 'old'\n"}),

@@ -207,6 +207,13 @@ def test_render_unit_shows_the_unit_apply_installs(
     assert TOKEN not in r.stderr and TOKEN not in shown.read_text()
     j = cli("render", "unit", spec, "--root", machine.root, "--json").json()
     assert j["text"] == shown.read_text() and j["env_keys"] == ["HF_TOKEN"] and j["exact_path"]
+    assert j["generation"] == 1 and not j["reused"]
     assert cli("apply", spec, "--root", machine.root).exit_code == 0
     installed = machine.paths.unit_file("envbuild-tiny-a.service").read_text()
     assert installed == shown.read_text()
+    # with generations made since, it shows what apply does: reuse generation 1, not a "3-…"
+    assert cli("apply", experiment("tiny-b"), "--root", machine.root, "--yes").exit_code == 0
+    r = cli("render", "unit", spec, "--root", machine.root, "--json")
+    j = r.json()
+    assert (j["generation"], j["reused"], j["text"]) == (1, True, installed), j["generation"]
+    assert "apply reuses generation 1" in cli("render", "unit", spec, "--root", machine.root).stderr

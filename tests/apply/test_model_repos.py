@@ -1,7 +1,7 @@
 """Every repo the unit reads is pinned and fetched: a tokenizer or config repo from the spec's
 [model] is fetched at its own commit with the model (huggingface_hub's real client against the
 tests' local hub), the unit names its snapshot folder, and glm5-gguf's unit names only files the
-fetch put in the cache (GGUF in the plugin's local_dir:quant form, tokenizer and config from
+fetch put in the cache (the GGUF quant's first file, tokenizer and config from
 Z.ai's repo)."""
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def test_glm5_gguf_fetches_every_repo_its_unit_names(hub: Hub, tmp_path: Path) -
             "revision": gguf_rev,
             "tokenizer": spec.model.tokenizer.model_copy(update={"revision": glm_rev}),
             "config": spec.model.config.model_copy(update={"revision": glm_rev}),
+            # this hub's quant has two shards
+            "gguf": spec.model.gguf.model_copy(update={"file": Path(shards[0]).name}),
         }
     )
     pinned = spec.model_copy(update={"model": model})
@@ -105,16 +107,18 @@ def test_glm5_gguf_fetches_every_repo_its_unit_names(hub: Hub, tmp_path: Path) -
     assert all(r.fetched and r.verified for r in results)
 
     argv = units.exec_start(pinned, tmp_path / "venv", cache)
-    gguf_dir, quant = argv[2].rsplit(":", 1)
-    assert quant == "UD-IQ2_XXS" and Path(gguf_dir).is_dir()
-    # vllm-gguf-plugin's resolve_local_gguf: the first file named *-QUANT-*.gguf in the folder
-    names = sorted(p.name for p in Path(gguf_dir).iterdir())
-    assert fnmatch.filter(names, f"*-{quant}-*.gguf") == [Path(s).name for s in shards]
+    # the quant's first file, which vllm-gguf-plugin knows by its path (the locked plugin's own
+    # recognition of it: tests/apply/test_serving_checks.py), its shards beside it
+    first = Path(argv[2])
+    assert first.is_file() and first.name == Path(shards[0]).name
+    gguf_dir = first.parent
+    names = sorted(p.name for p in gguf_dir.iterdir())
+    assert fnmatch.filter(names, "*-UD-IQ2_XXS-*.gguf") == [Path(s).name for s in shards]
     for flag in ("--tokenizer", "--hf-config-path"):
         folder = Path(argv[argv.index(flag) + 1])
         assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
         assert not list(folder.glob("*.safetensors"))
     assert not {"--revision", "--tokenizer-revision", "--code-revision"} & set(argv)
-    assert not (Path(gguf_dir).parent / "Q4_K_M").exists()
+    assert not (gguf_dir.parent / "Q4_K_M").exists()
     # the offline unit finds every one of them in the cache alone
     assert all(find_cached(cache, r) is not None for r in repos)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
     cli, experiment: Experiment, machine: Machine, tmp_path: Path
 ) -> None:
     spec = experiment("tiny-a", lock=False)
-    spec.write_text(spec.read_text() + '\n[packages]\noddrecord = "==1.0"\n')
+    spec.write_text(spec.read_text() + '\n[packages]\noddrecord = "==1.0"\nemptydir = "==1.0"\n')
     from envbuild.lock import lock_spec
     from envbuild.spec import load_spec
 
@@ -82,6 +83,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
     assert cli("apply", spec, "--root", machine.root).exit_code == 0
     gen = current(machine)
     assert gen.meta.link_mode == "hardlink" and set(gen.meta.trees) == {
+        "emptydir",
         "oddrecord",
         "tinydep",
         "vllm",
@@ -89,6 +91,8 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
     plain = tmp_path / "plain"
     build_venv(plain, "3.11", gen.path / INSTALL_LOCK)
     shared, alone = listing(gen.venv), listing(plain)
+    # folders too: an empty one a wheel ships is the plain install's
+    assert shared.get("lib/python3.11/site-packages/emptydir/instrumentation", ("?",))[0] == "dir"
     assert sorted(shared) == sorted(alone)
     for rel in sorted(alone):
         assert shared[rel] == alone[rel], rel
@@ -256,8 +260,14 @@ def test_an_apply_killed_while_it_makes_trees_leaves_a_consistent_store(
     for key in trees.all():  # whatever is under trees/ is whole
         manifest = trees.manifest(key)
         assert manifest is not None and trees.verify(manifest) == []
+    left = list(store().tmp.iterdir())
+    assert any(p.name.startswith(("stage-", "uv-cache-")) for p in left)  # it was staging
+    for path in left:  # and as old as a run killed a while ago
+        os.utime(path, (time.time() - 3600, time.time() - 3600), follow_symlinks=False)
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 0, r.stderr
+    # the next apply removes what the killed one left (as builds do), not only gc
+    assert [p.name for p in store().tmp.iterdir()] == []
     assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
     r = cli("gc", "--json")
     assert r.exit_code == 0 and r.json()["removed_trees"] == []
@@ -295,3 +305,42 @@ def test_a_manifest_is_read_or_refused_never_a_traceback(body: bytes, tmp_path: 
                 not rel.startswith("/") and ".." not in rel.split("/") and "" not in rel.split("/")
             )
             assert os.path.normpath(rel) == rel
+
+
+def test_a_generation_is_exactly_its_manifest_after_apply(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    """apply runs the generation's Python as root (vLLM's parser probe, the unit itself), and
+    root writes into 0555 folders: no bytecode may land in the generation."""
+    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
+    gen = current(machine)
+    machine.systemd.stop_all()  # the unit has imported its vllm by now (it answered /health)
+    written = [
+        os.path.join(top, name)
+        for top, dirs, names in os.walk(gen.path)
+        for name in [*dirs, *names]
+        if "__pycache__" in name or name.endswith(".pyc")
+    ]
+    assert written == []
+    r = cli("generations", "--root", machine.root, "--verify", "--json")
+    assert r.exit_code == 0, r.stdout
+
+
+def test_verify_names_every_file_and_folder_the_manifest_does_not_list(
+    cli, experiment: Experiment, machine: Machine
+) -> None:
+    assert cli("apply", experiment("tiny-a"), "--root", machine.root).exit_code == 0
+    gen = current(machine)
+    package = site(gen.venv) / "tinydep"
+    os.chmod(package, 0o755)
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"\x00" * 16)
+    (package / "extra" / "deeper").mkdir(parents=True)
+    r = cli("generations", "--root", machine.root, "--verify", "--json")
+    assert r.exit_code == 1
+    [found] = r.json()["generations"]
+    assert found["check"]["problems"] == [
+        "venv: tinydep: tinydep/__pycache__/__init__.cpython-311.pyc was added",
+        "venv: tinydep: tinydep/__pycache__/ was added",
+        "venv: tinydep: tinydep/extra/ was added",
+    ]

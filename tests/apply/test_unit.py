@@ -62,6 +62,8 @@ def test_the_unit_reads_back_as_the_spec_says(experiment: Experiment, tmp_path: 
         "FAKE_EXTRA": '100% of $HOME is "quoted"',
         "HF_HOME": str(tmp_path / "hf"),
         "HF_HUB_OFFLINE": "1",
+        # bytecode beside the generations, never into one (a generation is its manifest)
+        "PYTHONPYCACHEPREFIX": str(tmp_path.parent / "pycache"),
         "PYTHONUNBUFFERED": "1",
     }
     assert parsed.env_files == [settings.env_file]

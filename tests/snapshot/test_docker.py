@@ -123,3 +123,18 @@ def test_the_section_from_an_engine_sorted_and_without_what_it_cannot_inspect() 
         ("a-vllm", ["reg/vllm@sha256:1", "reg/vllm@sha256:2"]),
         ("z-web", []),
     ]
+
+
+def test_verify_asks_the_engine_the_snapshot_asked(
+    cli: Callable[..., Any], docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`snapshot` and `verify` read one engine setting ($DOCKER_HOST, cli/engineopts.py): right
+    after a snapshot there is no drift, not "engine: → not available"."""
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    manifest = tmp_path / "snap.json"
+    r = cli("snapshot", "--no-models", "--no-systemd", "-o", manifest)
+    assert r.exit_code == 0, r.stderr
+    assert '"available": true' in manifest.read_text()
+    r = cli("verify", manifest)
+    assert r.exit_code == 0, r.stdout
+    assert "no drift" in r.stdout

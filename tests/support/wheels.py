@@ -24,9 +24,11 @@ def make_wheel(
     *,
     scripts: Mapping[str, str] | None = None,
     requires: tuple[str, ...] = (),
+    dirs: tuple[str, ...] = (),
 ) -> Path:
-    """Write ``<name>-<version>-py3-none-any.whl`` holding ``files`` (archive path -> content)
-    and console ``scripts`` (name -> ``module:function``)."""
+    """Write ``<name>-<version>-py3-none-any.whl`` holding ``files`` (archive path -> content),
+    console ``scripts`` (name -> ``module:function``) and ``dirs``: folders as the archive's own
+    entries (``pkg/empty/``), which an installer makes even when no file is in them."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     members: dict[str, bytes] = {
@@ -52,6 +54,10 @@ def make_wheel(
             zi = zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0))
             zi.external_attr = 0o644 << 16
             zf.writestr(zi, data)
+        for folder in dirs:
+            zi = zipfile.ZipInfo(folder.rstrip("/") + "/", date_time=(1980, 1, 1, 0, 0, 0))
+            zi.external_attr = (0o40755 << 16) | 0x10
+            zf.writestr(zi, b"")
     return path
 
 

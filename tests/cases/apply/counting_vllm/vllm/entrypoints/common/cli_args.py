@@ -1,0 +1,2 @@
+def validate_api_server_args(args):
+    pass

@@ -1,0 +1,5 @@
+import argparse
+
+
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    pass
