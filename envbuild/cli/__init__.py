@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "snapshot",
     "diff",
     "verify",
+    "adopt",
     "build",
     "dockerfile",
     "load",
