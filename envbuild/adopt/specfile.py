@@ -3,9 +3,10 @@
 Input: the tables the other stages found. Output: ``specs/<name>.toml`` (validated by
 :func:`envbuild.spec.validate.validate` before it takes its place), ``patches/<name>/<dist>.patch``
 and the lock (:func:`envbuild.lock.lock_spec`, envbuild's own lock stage: uv resolves the pins
-against the index). Nothing else is written: a spec that does not validate is not written at all
-(its temporary file is removed), and patch files of an earlier adopt of this name that are no
-longer needed are removed from ``patches/<name>/``.
+against the index). Nothing else is written. A spec that does not validate (the environment does
+not fit together by the knowledge base: a GGUF model without the plugin, say) is written but not
+locked, and its problems (file, line, key, fix) are the error; patch files of an earlier adopt of
+this name that are no longer needed are removed from ``patches/<name>/``.
 """
 
 from __future__ import annotations
@@ -79,14 +80,9 @@ class Outputs:
         for dist, text in sorted(patches.items()):
             self.patch_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(self.patch(dist), text)
-        text = HEADER + tomli_w.dumps(spec)
-        trial = self.spec.with_name(f".{self.name}.adopt.toml")
-        try:
-            write_atomic(trial, text)
-            validate(trial, root=self.repo)
-        finally:
-            trial.unlink(missing_ok=True)
-        write_atomic(self.spec, text)
+        write_atomic(self.spec, HEADER + tomli_w.dumps(spec))
+        # a spec the stack checks refuse (the hand-built environment does not fit together) is
+        # kept, so its problems name lines the user can fix; it is not locked
         loaded = validate(self.spec, root=self.repo).loaded
         assert lock_path(loaded) == self.lock
         return lock_spec(loaded)
