@@ -93,6 +93,7 @@ def test_a_repo_id_with_a_revision_and_unknown_flags_kept(tmp_path: Path) -> Non
         serving.served(["python", "-m", "x"], {}, flags, "t", None, [])
 
 
+@pytest.mark.slow  # importing vLLM takes ~30 s
 @pytest.mark.skipif(
     not os.environ.get("ENVBUILD_VLLM_PARSER"), reason="ENVBUILD_VLLM_PARSER is not set"
 )
