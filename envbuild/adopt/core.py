@@ -168,6 +168,15 @@ def _edits(d: _Dist, out: Adopted) -> list[diffs.Edit]:
     return edits
 
 
+def _header(dist: Distribution) -> str:
+    """The patch's first lines (``patch`` skips text before the first ``---``)."""
+    return (
+        f"Hand edits of {dist.name} {dist.version}, adopted by `envbuild adopt`: the published\n"
+        "wheel's files (a/) against the files found in the environment (b/), paths relative to\n"
+        "site-packages (-p1).\n\n"
+    )
+
+
 def _cutoff(dists: list[_Dist], notes: list[str]) -> datetime:
     """uv's cutoff: one second after the newest file the lock pins, so that relocking later
     gives the same answer (no wall clock, when the index gives upload times)."""
@@ -225,7 +234,7 @@ def adopt(opts: Options) -> Adopted:
             out.rebuild.append(d.rebuild)
         edits = _edits(d, out)
         if edits:
-            patches[d.model.name] = diffs.patch_text(edits)
+            patches[d.model.name] = _header(d.model) + diffs.patch_text(edits)
             out.patches.append(
                 PatchWritten(d.model.name, paths.shown(paths.patch(d.model.name)),
                              sorted(e.path for e in edits))
