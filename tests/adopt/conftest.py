@@ -12,7 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from apply.conftest import machine  # noqa: F401  (the rehearsal root with fake GPUs and systemd)
+
+# the rehearsal root with fake GPUs and systemd, the fake vLLM's index and the local HF hub
+from apply.conftest import hub, machine, wheel_index  # noqa: F401
 from support import pyindex
 
 from envbuild import proc
