@@ -131,3 +131,21 @@ def test_adopt_keeps_an_existing_spec_and_refuses_bad_input(
     gone = cli("adopt", "--python", venv, "--name", "y", "--index", url, "--repo", repo, "--json")
     assert gone.exit_code == 3 and gone.json()["error"]["exit_code"] == 3
     assert not (repo / "specs" / "y.toml").exists()
+
+
+def test_the_text_report_and_an_index_that_is_not_pep_691(cli, repo: Path, tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": "", "alpha/a.py": ""})
+    venv = make_venv(tmp_path / "v", "alpha", find_links=tmp_path / "w")
+    (site_packages(venv) / "alpha" / "a.py").write_text("EDITED = 1\n")
+    (site_packages(venv) / "alpha" / "stray.txt").write_text("?\n")
+    with served([wheel], tmp_path / "ix") as url:
+        r = cli("adopt", "--python", venv, "--name", "t", "--index", url, "--repo", repo)
+        assert r.exit_code == 0, r.stderr
+        assert "adopted t: specs/t.toml, lockfiles/pylock.t.toml (1 packages)" in r.stdout
+        assert "patch patches/t/alpha.patch (alpha): alpha/a.py" in r.stdout
+        assert "unrecorded (in no RECORD, not adopted): alpha/stray.txt" in r.stdout
+        # a project page in HTML only (PEP 503) is named, not misread as "not published"
+        page = tmp_path / "ix" / "simple" / "alpha" / "index.json"
+        page.write_text("<html><body>alpha-1.0-py3-none-any.whl</body></html>")
+        html = cli("adopt", "--python", venv, "--name", "h", "--index", url, "--repo", repo)
+        assert html.exit_code == 3 and "not a PEP 691 JSON project page" in html.stderr
