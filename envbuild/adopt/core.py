@@ -197,7 +197,7 @@ def _served(opts: Options, env: PythonEnv, vllm: str | None, out: Adopted) -> No
     python = Path(env.executable) if vllm else None
     table, source = serving.flag_table(python, vllm or "", out.notes)
     cache: HfCacheSection | None = None
-    path = opts.hf_cache or hfcache.default_cache()
+    path = opts.hf_cache or serving.cache_of(argv, environment) or hfcache.default_cache()
     if os.path.isdir(path):
         cache = hfcache.read_cache(path, check_blobs=False)
     got = serving.served(argv, environment, table, source, cache, out.notes)

@@ -92,6 +92,16 @@ def _newest() -> FlagTable:
     return table
 
 
+def cache_of(argv: list[str], environment: dict[str, str]) -> str | None:
+    """The Hugging Face cache the unit reads: the one holding the snapshot folder it serves,
+    else its ``HF_HOME``'s ``hub``; None: neither (the hub's default then)."""
+    for arg in argv:
+        if m := _SNAPSHOT.search(arg.partition(":")[0] if "/snapshots/" in arg else ""):
+            return arg[: m.start()].rstrip("/") or "/"
+    home = environment.get("HF_HOME")
+    return f"{home.rstrip('/')}/hub" if home and home != REDACTED else None
+
+
 def _number(text: str) -> int | None:
     m = _SIZE.match(text)
     if not m:

@@ -40,11 +40,24 @@ ExecStart=/opt/glm5/.venv/bin/vllm serve \\
 """
 
 
-def _unit(tmp_path: Path, tp: int = 8) -> Path:
+def _unit(tmp_path: Path, tp: int = 8, hub: str = HUB) -> Path:
     path = tmp_path / "vllm-glm5.service"
     # systemd joins continued lines; the unit-file reader sees one ExecStart line
-    path.write_text(UNIT.replace("\\\n    ", "").replace("-tp 8", f"-tp {tp}"))
+    text = UNIT.replace("\\\n    ", "").replace("-tp 8", f"-tp {tp}").replace(HUB, hub)
+    path.write_text(text)
     return path
+
+
+def _hf_cache(hub: Path) -> None:
+    """A Hugging Face cache holding the GGUF snapshot the unit serves (2 MB of it)."""
+    repo = hub / "models--unsloth--GLM-5-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / ("e" * 64)).write_bytes(b"\0" * 2_000_000)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REV)
+    folder = repo / "snapshots" / REV / "UD-IQ2_XXS"
+    folder.mkdir(parents=True)
+    (folder / "GLM-5-UD-IQ2_XXS-00001-of-00001.gguf").symlink_to(f"../../../blobs/{'e' * 64}")
 
 
 def test_a_units_exec_start_becomes_serve_and_model(tmp_path: Path) -> None:
@@ -121,7 +134,9 @@ def test_host_facts_from_a_real_h200_and_the_unit_into_a_spec_that_validates(
     )
     nvml = RecordedNvml(FIXTURES / "h200-nvml-idle.json")
     with served(wheels, tmp_path / "ix") as url:
-        unit = str(_unit(tmp_path, tp=1))  # the recorded H200 machine has one GPU
+        # the recorded H200 machine has one GPU; the unit serves a snapshot of its own cache
+        _hf_cache(tmp_path / "hf" / "hub")
+        unit = str(_unit(tmp_path, tp=1, hub=str(tmp_path / "hf" / "hub")))
         opts = Options(str(venv), repo, unit=unit, index_url=url, nvml=nvml)
         opts.store = Store(tmp_path / "st")
         got = adopt(opts)
@@ -135,6 +150,7 @@ def test_host_facts_from_a_real_h200_and_the_unit_into_a_spec_that_validates(
     assert spec["vllm"] == {"version": "0.33.0"} and spec["host"] == got.host
     assert spec["serve"]["tensor_parallel_size"] == 1
     assert spec["model"]["repo"] == "unsloth/GLM-5-GGUF"
+    assert spec["model"]["size_gb"] == 0.002  # from the cache holding what the unit serves
     assert "sk-" not in (repo / "specs" / "glm5.toml").read_text()
     assert "hf_abc" not in (repo / "specs" / "glm5.toml").read_text()
     validate(repo / "specs" / "glm5.toml")
