@@ -24,10 +24,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -36,7 +35,7 @@ from envbuild.adopt.builds import Rebuild, recover
 from envbuild.adopt.report import Adopted, NotAdopted, PatchWritten, Pinned
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
-from envbuild.errors import EnvironmentFailure, UsageError
+from envbuild.errors import UsageError
 from envbuild.snapshot import Options as SnapOptions
 from envbuild.snapshot import Snapshot, take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
@@ -72,7 +71,6 @@ class _Dist:
     pinned: Pinned | None = None
     rebuild: Rebuild | None = None
     upload: datetime | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def default_name(prefix: str) -> str:
@@ -218,6 +216,9 @@ def adopt(opts: Options) -> Adopted:
         for dist, rec in env.patches.items():
             out.notes.append(f"{dist} is a wheel envbuild patched ({len(rec.patches)} patches)")
     torch = env.torch_build.version if env.torch_build else None
+    # the unit first: a unit that cannot be read fails before any download
+    vllm = next((d.version for d in env.distributions if d.name == "vllm"), None)
+    _served(opts, env, vllm, out)
     dists = []
     for model in env.distributions:
         site = _site_of(env, model)
@@ -242,8 +243,6 @@ def adopt(opts: Options) -> Adopted:
     out.unrecorded = sorted(a.path for a in env.added or [])
     base = hostfacts.base_table(snap, out.notes)
     out.host = hostfacts.host_table(snap, out.notes)
-    vllm = next((d.model.version for d in dists if d.model.name == "vllm" and d.pinned), None)
-    _served(opts, env, vllm, out)
     spec = specfile.spec_data(
         name=name,
         python=hostfacts.python_table(env, base),
@@ -273,4 +272,4 @@ def adopt(opts: Options) -> Adopted:
     return out
 
 
-__all__ = ["EnvironmentFailure", "Options", "adopt"]
+__all__ = ["Options", "adopt"]

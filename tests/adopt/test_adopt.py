@@ -3,6 +3,7 @@ pins, patches, builds, what it refuses to guess, and that it writes nothing but 
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 import zipfile
 from pathlib import Path
@@ -144,6 +145,14 @@ def test_the_text_report_and_an_index_that_is_not_pep_691(cli, repo: Path, tmp_p
         assert "adopted t: specs/t.toml, lockfiles/pylock.t.toml (1 packages)" in r.stdout
         assert "patch patches/t/alpha.patch (alpha): alpha/a.py" in r.stdout
         assert "unrecorded (in no RECORD, not adopted): alpha/stray.txt" in r.stdout
+        # a unit that cannot be read fails before anything is downloaded: exit 3 where systemd
+        # does not run (here, CI), 2 where it runs and has no such unit
+        store = tmp_path / "store"
+        shutil.rmtree(store, ignore_errors=True)
+        args = ("--name", "u", "--index", url, "--repo", repo, "--unit", "no-such-vllm-unit")
+        unit = cli("adopt", "--python", venv, *args)
+        assert unit.exit_code in (2, 3) and "no-such-vllm-unit" in unit.stderr
+        assert not store.exists() and not (repo / "specs" / "u.toml").exists()
         # a project page in HTML only (PEP 503) is named, not misread as "not published"
         page = tmp_path / "ix" / "simple" / "alpha" / "index.json"
         page.write_text("<html><body>alpha-1.0-py3-none-any.whl</body></html>")
