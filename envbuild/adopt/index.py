@@ -70,12 +70,13 @@ def _time(value: object) -> datetime | None:
 
 
 def parse_page(page: dict[str, object], page_url: str, name: str, version: str) -> Published:
-    """The files of ``version`` on a PEP 691 project page (yanked files left out)."""
+    """The files of ``version`` on a PEP 691 project page. Yanked files count: the environment
+    may hold a release yanked since, and an exact pin still installs it (PEP 592)."""
     wheels: list[IndexFile] = []
     sdist: IndexFile | None = None
     files = page.get("files")
     for entry in files if isinstance(files, list) else []:
-        if not isinstance(entry, dict) or entry.get("yanked"):
+        if not isinstance(entry, dict):
             continue
         filename = str(entry.get("filename", ""))
         hashes = entry.get("hashes")

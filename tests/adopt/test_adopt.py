@@ -3,6 +3,7 @@ pins, patches, builds, what it refuses to guess, and that it writes nothing but 
 
 from __future__ import annotations
 
+import json
 import shutil
 import tomllib
 import zipfile
@@ -158,3 +159,19 @@ def test_the_text_report_and_an_index_that_is_not_pep_691(cli, repo: Path, tmp_p
         page.write_text("<html><body>alpha-1.0-py3-none-any.whl</body></html>")
         html = cli("adopt", "--python", venv, "--name", "h", "--index", url, "--repo", repo)
         assert html.exit_code == 3 and "not a PEP 691 JSON project page" in html.stderr
+
+
+def test_a_release_yanked_since_it_was_installed_is_still_pinned(
+    cli, repo: Path, tmp_path: Path
+) -> None:
+    wheel = make_wheel(tmp_path / "w", "alpha", "1.0", {"alpha/__init__.py": ""})
+    venv = make_venv(tmp_path / "v", "alpha", find_links=tmp_path / "w")
+    with served([wheel], tmp_path / "ix") as url:
+        page = tmp_path / "ix" / "simple" / "alpha" / "index.json"
+        data = json.loads(page.read_text())
+        data["files"][0]["yanked"] = "a bug"
+        page.write_text(json.dumps(data))
+        r = cli("adopt", "--python", venv, "--name", "y", "--index", url, "--repo", repo, "--json")
+        assert r.exit_code == 0, r.stderr
+        assert [p["name"] for p in r.json()["pinned"]] == ["alpha"]
+        assert cli("lock", "--check", repo / "specs" / "y.toml").exit_code == 0
