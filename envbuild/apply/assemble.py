@@ -25,20 +25,19 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-from packaging.tags import Tag, parse_tag
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.tags import Tag
+from packaging.utils import canonicalize_name
 
 from envbuild import proc
 from envbuild.apply import venv as venvs
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.fsio import record_digest, sha256_file
 from envbuild.snapshot import hashing, records
-from envbuild.snapshot.distinfo import read_dist
+from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
 from envbuild.store.core import Store, derivation_key
 from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key
 
@@ -305,7 +304,7 @@ class Assembler:
         dirs: Sequence[str] = (),
     ) -> tuple[TreeManifest, str]:
         candidates = _wheels(pkg)
-        wheel = _chosen(candidates, version, tags)
+        wheel = chosen_wheel(candidates, tags)
         key = tree_key(wheel, self.layout, [sha for _n, sha in candidates])
         digests = {rel: hashed[rel] for rel in files}
         as_published = [
@@ -512,36 +511,5 @@ def _staged(venv: Path) -> dict[str, tuple[str, dict[str, str | None], frozenset
                     raise EnvironmentFailure(f"{entry}: RECORD names {named}, outside the venv")
                 digest = hashed[7:].rstrip("=") if hashed.startswith("sha256=") else ""
                 files[rel] = digest or None
-            out[canonicalize_name(dist.name)] = (dist.version, files, _tags(site / entry))
+            out[canonicalize_name(dist.name)] = (dist.version, files, wheel_tags(site / entry))
     return out
-
-
-def _tags(dist_info: Path) -> frozenset[Tag] | None:
-    try:
-        headers = HeaderParser().parsestr((dist_info / "WHEEL").read_text(errors="replace"))
-    except OSError:
-        return None
-    found: set[Tag] = set()
-    for value in headers.get_all("Tag") or []:
-        try:
-            found |= parse_tag(value.strip())
-        except ValueError:
-            return None
-    return frozenset(found) or None
-
-
-def _chosen(
-    candidates: Sequence[tuple[str, str]], version: str, tags: frozenset[Tag] | None
-) -> str | None:
-    """The sha256 of the one candidate wheel whose file name has the installed WHEEL's tags."""
-    if tags is None:
-        return None
-    match = []
-    for filename, sha in candidates:
-        try:
-            _name, _ver, _build, file_tags = parse_wheel_filename(filename)
-        except InvalidWheelFilename:
-            continue
-        if file_tags == tags:
-            match.append(sha)
-    return match[0] if len(set(match)) == 1 and match[0] else None

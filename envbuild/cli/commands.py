@@ -65,6 +65,7 @@ COMMANDS: tuple[Command, ...] = (
         "check this machine against a snapshot manifest (exit 1 on drift)",
         differs="the machine drifted from the snapshot",
     ),
+    Command("adopt", "turn a hand-built environment into a spec, a lock and declared patches"),
     Command("build", "build the OCI image of a spec from its lock (no Docker daemon)"),
     Command("dockerfile", "render a Dockerfile equivalent to `envbuild build` (for docker users)"),
     Command("load", "load a built image into a Docker engine"),

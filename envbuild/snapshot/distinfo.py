@@ -11,10 +11,12 @@ import hashlib
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from email.parser import HeaderParser
+from pathlib import Path
 
-from packaging.utils import canonicalize_name
+from packaging.tags import Tag, parse_tag
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from envbuild.errors import UserError
 from envbuild.snapshot import records
@@ -127,3 +129,35 @@ def find_dists(requested: str, sites: Iterable[str]) -> list[Dist]:
             if name.endswith(".dist-info") and os.path.isdir(os.path.join(site, name)):
                 out.append(read_dist(site, name))
     return out
+
+
+def wheel_tags(dist_info: Path) -> frozenset[Tag] | None:
+    """The tags of the wheel a distribution was installed from (its WHEEL file's ``Tag`` lines);
+    None when it has no WHEEL or a tag that does not parse."""
+    try:
+        headers = HeaderParser().parsestr((dist_info / "WHEEL").read_text(errors="replace"))
+    except OSError:
+        return None
+    found: set[Tag] = set()
+    for value in headers.get_all("Tag") or []:
+        try:
+            found |= parse_tag(value.strip())
+        except ValueError:
+            return None
+    return frozenset(found) or None
+
+
+def chosen_wheel(candidates: Sequence[tuple[str, str]], tags: frozenset[Tag] | None) -> str | None:
+    """Of ``(file name, sha256)`` candidates, the sha256 of the one wheel whose file name has
+    exactly the installed WHEEL's ``tags`` (None: none, or several with other bytes)."""
+    if tags is None:
+        return None
+    match = []
+    for filename, sha in candidates:
+        try:
+            _name, _ver, _build, file_tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue
+        if file_tags == tags:
+            match.append(sha)
+    return match[0] if len(set(match)) == 1 and match[0] else None

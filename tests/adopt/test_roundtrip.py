@@ -1,0 +1,94 @@
+"""The round trip with real wheels from PyPI: a venv installed with uv and edited by hand
+(a real package's module, a second package's ``__init__``, one file no RECORD lists) →
+``envbuild adopt`` → ``envbuild lock --check`` → ``envbuild apply`` into a rehearsal root →
+``envbuild verify`` of the new generation against a snapshot of the hand-built venv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from adopt.conftest import make_venv, site_packages
+from apply.conftest import Machine
+
+from envbuild.apply import generations as gens
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+PINS = ("six==1.16.0", "idna==3.10", "packaging==24.2")
+
+
+def _files(site: Path) -> dict[str, bytes]:
+    """Every file of site-packages but metadata folders and bytecode."""
+    return {
+        p.relative_to(site).as_posix(): p.read_bytes()
+        for p in site.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and not p.relative_to(site).parts[0].endswith(".dist-info")
+    }
+
+
+def test_adopt_lock_apply_verify(cli, repo: Path, tmp_path: Path, machine: Machine) -> None:
+    venv = make_venv(tmp_path / "hand", *PINS)
+    site = site_packages(venv)
+    with (site / "six.py").open("a") as f:
+        f.write("\n# fixed by hand on the box\nPATCHED_BY_HAND = True\n")
+    init = site / "packaging" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "24.2"', '__version__ = "24.2.hand"'))
+    (site / "idna" / "debug_dump.py").write_text("DUMP = True\n")
+
+    snap = tmp_path / "hand.json"
+    args = ("snapshot", "--python", venv, "--no-docker", "--no-systemd", "--no-models", "-o", snap)
+    assert cli(*args).exit_code == 0
+
+    r = cli("adopt", "--python", venv, "--name", "hand", "--repo", repo, "--json")
+    assert r.exit_code == 0, r.stderr
+    adopted = r.json()
+    assert sorted(p["name"] for p in adopted["pinned"]) == ["idna", "packaging", "six"]
+    assert adopted["rebuild_needed"] == [] and adopted["not_adopted"] == []
+    assert {p["dist"]: p["files"] for p in adopted["patches"]} == {
+        "packaging": ["packaging/__init__.py"],
+        "six": ["six.py"],
+    }
+    assert adopted["unrecorded"] == ["idna/debug_dump.py"]
+
+    spec = repo / "specs" / "hand.toml"
+    check = cli("lock", "--check", spec)
+    assert check.exit_code == 0, check.stdout + check.stderr
+
+    applied = cli("apply", spec, "--root", machine.root, "--json")
+    assert applied.exit_code == 0, applied.stderr
+    gen = gens.current(machine.paths)
+    assert gen is not None
+    new_site = site_packages(gen.venv)
+
+    # the same distributions and versions (the patched ones as envbuild's local versions of
+    # them), and the same bytes in every file: the hand edits are there, as declared patches
+    assert {k: v.split("+envbuild.")[0] for k, v in gen.meta.packages.items()} == {
+        "idna": "3.10",
+        "packaging": "24.2",
+        "six": "1.16.0",
+    }
+    hand, made = _files(site), _files(new_site)
+    assert made == {k: v for k, v in hand.items() if k != "idna/debug_dump.py"}
+
+    verified = cli("verify", snap, "--python", gen.venv)
+    shown = [line.strip() for line in verified.stdout.splitlines() if line.startswith("  ")]
+    # what verify names is exactly what adopt said and what a generation is by design: the
+    # patched versions, the patches now declared, the edited files now matching their RECORD,
+    # the unrecorded file adopt listed and did not adopt, and the generation's read-only modes
+    assert verified.exit_code == 1
+    expected = {
+        "packaging: 24.2 → 24.2+envbuild.",
+        "six: 1.16.0 → 1.16.0+envbuild.",
+        "packaging: ∅ → patches/hand/packaging.patch",
+        "six: ∅ → patches/hand/six.patch",
+        "packaging/__init__.py (packaging): differs from RECORD",
+        "six.py (six): differs from RECORD",
+        "idna/debug_dump.py (idna): added (not in its RECORD) → ∅",
+    }
+    for want in expected:
+        assert any(t.startswith(want) for t in shown), (want, shown)
+    others = [t for t in shown if not any(t.startswith(w) for w in expected)]
+    assert all("mode 0644 → mode 0444" in t for t in others), others
