@@ -34,6 +34,8 @@ from envbuild.spec.serveflags import FlagTable, ServeFlag
 _SNAPSHOT = re.compile(
     r"models--(?P<repo>[^/]+?)/snapshots/(?P<rev>[0-9a-f]{40})(?:/(?P<sub>.*))?$"
 )
+#: a GGUF file's quant: ``GLM-5-UD-IQ2_XXS-00001-of-00006.gguf`` -> ``UD-IQ2_XXS``
+_GGUF_FILE = re.compile(r"-(?P<quant>(?:UD-)?[A-Za-z0-9_]+)(?:-\d{5}-of-\d{5})?\.gguf$")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 #: What the unit apply renders sets itself (docs/apply.md, The unit).
 UNIT_ENV = frozenset({"HF_HOME", "HF_HUB_OFFLINE", "PYTHONUNBUFFERED"})
@@ -175,16 +177,37 @@ def model_of(
         "revision": rev,
         "size_gb": _size_gb(repo, rev, cache, notes),
     }
-    if quant:
-        model["gguf"] = {"quant": quant, "folder": sub} if sub else {"quant": quant}
-        if sub:
-            model["files"] = [f"{sub}/*"]
+    if not quant and sub.endswith(".gguf"):  # the quant's first file, as envbuild's unit names it
+        sub, _, file = sub.rpartition("/")
+        if found := _GGUF_FILE.search(file):
+            quant = found.group("quant")
+        model["gguf"] = {"quant": quant, "folder": sub, "file": file}
+    elif quant:  # vllm-gguf-plugin's <dir>:<quant> form: its first file from the snapshot
+        model["gguf"] = {"quant": quant, "folder": sub, "file": _first_gguf(Path(path), quant)}
+        if not model["gguf"]["file"]:
+            notes.append(
+                f"[model.gguf] file: no .gguf file of {quant} in {path} (not on this machine): "
+                "write the quant's first file name by hand"
+            )
     elif sub:
         notes.append(
             f"[model]: the unit serves the folder {sub!r} of the snapshot; the spec fetches "
             "the whole repo"
         )
+    if "gguf" in model and sub:
+        model["files"] = [f"{sub}/*"]
+    if "gguf" in model and not model["gguf"]["folder"]:
+        del model["gguf"]["folder"]
     return model
+
+
+def _first_gguf(folder: Path, quant: str) -> str:
+    """The first ``.gguf`` file of ``quant`` in the snapshot folder (shards sort by number)."""
+    try:
+        names = sorted(p.name for p in folder.iterdir() if p.name.endswith(".gguf"))
+    except OSError:
+        return ""
+    return next((n for n in names if f"-{quant}." in n or f"-{quant}-" in n), "")
 
 
 def _size_gb(repo: str, rev: str, cache: HfCacheSection | None, notes: list[str]) -> float:

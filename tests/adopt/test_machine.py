@@ -24,6 +24,7 @@ from envbuild.store.core import Store
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 HUB = "/var/lib/hf/hub"
+FILE = "GLM-5-UD-IQ2_XXS-00001-of-00001.gguf"  # the quant's first file, as envbuild's unit names it
 UNIT = f"""\
 [Unit]
 Description=GLM-5 by hand
@@ -33,7 +34,7 @@ Environment=CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
 Environment=HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123
 Environment=HF_HOME=/var/lib/hf
 ExecStart=/opt/glm5/.venv/bin/vllm serve \\
-    {HUB}/models--unsloth--GLM-5-GGUF/snapshots/{REV}/UD-IQ2_XXS:UD-IQ2_XXS \\
+    {HUB}/models--unsloth--GLM-5-GGUF/snapshots/{REV}/UD-IQ2_XXS/{FILE} \\
     -tp 8 --max-model-len 128k --kv-cache-dtype fp8 --gpu-memory-utilization 0.92 \\
     --served-model-name glm-5 --port 8000 --trust-remote-code --tool-call-parser glm47 \\
     --api-key sk-abcdefghijklmnopqrstuvwxyz0123456789
@@ -82,12 +83,39 @@ def test_a_units_exec_start_becomes_serve_and_model(tmp_path: Path) -> None:
         "repo": "unsloth/GLM-5-GGUF",
         "revision": REV,
         "size_gb": 1.0,
-        "gguf": {"quant": "UD-IQ2_XXS", "folder": "UD-IQ2_XXS"},
+        "gguf": {
+            "quant": "UD-IQ2_XXS",
+            "folder": "UD-IQ2_XXS",
+            "file": "GLM-5-UD-IQ2_XXS-00001-of-00001.gguf",
+        },
         "files": ["UD-IQ2_XXS/*"],
     }
     assert any("not in the Hugging Face cache" in n for n in notes)
     Serve.model_validate(got.serve)  # the spec's own models take them
     Model.model_validate(got.model)
+
+
+def test_the_plugins_dir_quant_form_finds_its_first_file_in_the_cache(tmp_path: Path) -> None:
+    """A hand-written unit may name the quant the plugin's other way (``<dir>:<quant>``): the
+    quant's first file comes from the cached snapshot; without it adopt says so."""
+    hub = tmp_path / "hf" / "hub"
+    _hf_cache(hub)
+    snapshot = hub / "models--unsloth--GLM-5-GGUF" / "snapshots" / REV / "UD-IQ2_XXS"
+    notes: list[str] = []
+    got = serving.model_of(f"{snapshot}:UD-IQ2_XXS", None, None, notes)
+    assert got is not None
+    assert got["gguf"] == {
+        "quant": "UD-IQ2_XXS",
+        "folder": "UD-IQ2_XXS",
+        "file": "GLM-5-UD-IQ2_XXS-00001-of-00001.gguf",
+    }
+    Model.model_validate(got)
+    notes = []
+    gone = serving.model_of(
+        f"{tmp_path}/models--a--b/snapshots/{REV}/Q4_K_M:Q4_K_M", None, None, notes
+    )
+    assert gone is not None and gone["gguf"]["file"] == ""
+    assert any("no .gguf file of Q4_K_M" in n for n in notes)
 
 
 def test_a_repo_id_with_a_revision_and_unknown_flags_kept(tmp_path: Path) -> None:
