@@ -140,6 +140,7 @@ class _Bounded:
     def __init__(self, f: Readable, tree: Tree, compressed: int | None, what: str) -> None:
         self.f, self.tree, self.compressed, self.what = f, tree, compressed, what
         self.size = 0
+        self.headers = _HeaderWalk(tree)
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
@@ -152,7 +153,48 @@ class _Bounded:
             ) from exc
         self.size += len(data)
         self.tree.charge(len(data), self.size, self.compressed)
+        self.headers.feed(data)
         return data
+
+
+class _HeaderWalk:
+    """:func:`count_members` on a stream, as its bytes pass: a tarball of too many members is
+    refused while it is being decompressed, at the first header past the limit, not once all
+    of it is out. Stops, saying nothing, at the end or at anything it does not follow."""
+
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
+        self.limit = tree.limits.max_members - tree.members
+        self.pos = 0  # the stream offset just past the bytes fed so far
+        self.next_at = 0  # where the next header begins
+        self.head = b""  # the first bytes of a header cut by the end of a chunk
+        self.count = 0
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        base = self.pos
+        self.pos += len(data)
+        while not self.done and self.next_at < self.pos:
+            rel = self.next_at - base
+            if rel < 0:  # the header began in the chunk before: its first bytes are in head
+                self.head += data[: 512 - len(self.head)]
+            else:
+                self.head = data[rel : rel + 512]
+            if len(self.head) < 512:
+                return  # its other bytes come with the next chunk
+            block, self.head = self.head, b""
+            size = _header_size(block)
+            if size is None:
+                self.done = True
+                return
+            if block[156:157] not in _EXTENSIONS:
+                self.count += 1
+                if self.count > self.limit:
+                    raise self.tree.refuse(
+                        f"holds more than {self.tree.limits.max_members} members (the limit on "
+                        "members of one base)"
+                    )
+            self.next_at += 512 + -(-size // 512) * 512
 
 
 @contextlib.contextmanager
