@@ -40,8 +40,10 @@ ENVBUILD = Path(__file__).resolve().parent.parent / "envbuild"
 #: the spec values that reach their argv ("" for none: tool paths, envbuild's own files, lock
 #: digests). The fuzz below drives the ones that take spec values.
 INVENTORY: dict[str, tuple[int, str]] = {
+    "adopt/serving.py:flag_table": (1, ""),  # the adopted environment's python (--python)
     "apply/assemble.py:uv_version": (1, ""),
     "apply/servecheck.py:parse_commands": (1, "the unit's argv, on stdin as JSON"),
+    "apply/servecheck.py:resolve_models": (1, "the unit's model references, on stdin as JSON"),
     "apply/services.py:Systemctl._run": (1, "unit names: envbuild-<spec name>.service"),
     "apply/services.py:Systemctl.logs": (1, "unit names"),
     "apply/venv.py:create_venv": (1, "python.version as --python="),

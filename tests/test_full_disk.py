@@ -67,16 +67,30 @@ def test_a_full_store_tmp_is_exit_3_naming_it_and_its_room(
 
 NAMESPACE = """\
 set -e
+spec=$1 python=$2
+shift 2
 mount --make-rprivate /
 mount -t tmpfs -o size=256k tmpfs /mnt
-mkdir -p /mnt/repo/.git /mnt/repo/specs
-cp "$1" /mnt/repo/specs/s.toml
+mkdir -p /mnt/repo/.git /mnt/repo/specs /mnt/oldtmp
+cp "$spec" /mnt/repo/specs/s.toml
+mount --rbind /tmp /mnt/oldtmp
 for d in /tmp /var/tmp; do mount -t tmpfs -o size=256k tmpfs "$d"; done
+# what this Python runs from, where it lies under /tmp (a checkout there), is bound back in
+for keep in "$@"; do mkdir -p "$keep"; mount --rbind "/mnt/oldtmp/${keep#/tmp/}" "$keep"; done
 for d in /tmp /var/tmp /mnt; do dd if=/dev/zero of="$d/fill" bs=4k 2>/dev/null || true; done
 cd /mnt/repo
 unset TMPDIR
-exec "$2" -m envbuild lock --python-only specs/s.toml
+exec "$python" -m envbuild lock --python-only specs/s.toml
 """
+
+
+def _under_tmp() -> list[str]:
+    """The folders this test's Python and envbuild's source come from that lie under /tmp
+    (a clone there, as CI may make): the namespace covers /tmp, and binds these back."""
+    import envbuild
+
+    found = {sys.prefix, sys.base_prefix, str(Path(envbuild.__file__).resolve().parents[1])}
+    return sorted(p for p in found if p.startswith("/tmp/"))
 
 
 def test_no_usable_temporary_folder_is_exit_3_naming_tmp_and_its_room(
@@ -90,7 +104,7 @@ def test_no_usable_temporary_folder_is_exit_3_naming_tmp_and_its_room(
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC)
     done = subprocess.run(
-        ["unshare", "-m", "sh", "-c", NAMESPACE, "sh", str(spec), sys.executable],
+        ["unshare", "-m", "sh", "-c", NAMESPACE, "sh", str(spec), sys.executable, *_under_tmp()],
         capture_output=True,
         text=True,
         timeout=120,

@@ -56,9 +56,10 @@ def flag_table(python: Path | None, version: str, notes: list[str]) -> tuple[Fla
     if python is not None:
         try:
             done = proc.run(
-                [str(python), "-I", str(PROBE), "dump"],
+                # -B: reading the environment adopt adopts writes nothing into it
+                [str(python), "-I", "-B", str(PROBE), "dump"],
                 tool="vllm's argument parser",
-                env=proc.child_env(),
+                env=proc.child_env({"PYTHONDONTWRITEBYTECODE": "1"}),
                 timeout=TIMEOUT,
             )
             dumped = json.loads(done.stdout.strip().splitlines()[-1])

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild import proc
 from envbuild.apply import venv as venvs
+from envbuild.apply.listing import ancestors, folders, listing, shown
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.fsio import record_digest, sha256_file
 from envbuild.snapshot import hashing, records
@@ -407,14 +408,6 @@ def _choice_inputs(pkg: Mapping[str, Any], python: str, interp: Any, lay: Any) -
     }
 
 
-def shown(rel: str) -> str:
-    """A venv path as a RECORD names it: relative to site-packages where it is inside."""
-    parts = rel.split(os.sep)
-    if len(parts) > 3 and parts[0] == "lib" and parts[2] == "site-packages":
-        return os.sep.join(parts[3:])
-    return rel
-
-
 def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
     """The sha256 (hex) of each staged file, hashed on every core."""
     names = list(rels)
@@ -430,38 +423,6 @@ def _hash_all(venv: Path, rels: Iterable[str]) -> dict[str, str]:
         if got.digest is None:
             raise EnvironmentFailure(f"{rel}: cannot be read after install ({got.error})")
         out[rel] = got.digest.hex()
-    return out
-
-
-def listing(venv: Path) -> list[str]:
-    """Every file and symlink under ``venv``, venv-relative (a folder's listing, no stat)."""
-    out = []
-    skip = len(str(venv)) + 1
-    for top, dirs, names in os.walk(venv):
-        out += [os.path.join(top, name)[skip:] for name in names]
-        out += [os.path.join(top, d)[skip:] for d in dirs if os.path.islink(os.path.join(top, d))]
-    return out
-
-
-def folders(venv: Path) -> list[str]:
-    """Every folder under ``venv`` (not a symlink to one), venv-relative."""
-    out = []
-    skip = len(str(venv)) + 1
-    for top, dirs, _names in os.walk(venv):
-        out += [
-            os.path.join(top, d)[skip:] for d in dirs if not os.path.islink(os.path.join(top, d))
-        ]
-    return out
-
-
-def ancestors(rels: Iterable[str]) -> set[str]:
-    """Every folder above each of ``rels`` (venv-relative), up to the venv's root."""
-    out: set[str] = set()
-    for rel in rels:
-        folder = os.path.dirname(rel)
-        while folder and folder not in out:
-            out.add(folder)
-            folder = os.path.dirname(folder)
     return out
 
 

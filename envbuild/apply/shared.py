@@ -25,8 +25,9 @@ from packaging.utils import canonicalize_name
 
 from envbuild.apply import generations as gens
 from envbuild.apply import venv as venvs
-from envbuild.apply.assemble import Assembler, ancestors, folders, listing, shown
+from envbuild.apply.assemble import Assembler
 from envbuild.apply.generations import Generation
+from envbuild.apply.listing import ancestors, folders, listing, shown
 from envbuild.errors import EnvironmentFailure
 from envbuild.fsio import sha256_file
 from envbuild.snapshot.records import Mode
