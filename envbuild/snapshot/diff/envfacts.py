@@ -37,7 +37,6 @@ def env_facts(side: Side, key: str, env: PythonEnv) -> None:
                     "size": d.size_bytes,
                     "installer": d.installer,
                     "record_sha256": d.record_sha256,
-                    "files_sha256": d.files_sha256,
                 },
             ),
         )
