@@ -14,20 +14,11 @@ from pathlib import Path
 
 import pytest
 from conftest import CliResult
+from support.debianbase import DEBIAN_SPEC
 from support.mounts import Mounts, mounts  # noqa: F401
 from support.mounts import _cannot as cannot_mount
 
-SPEC = """\
-name = "s"
-[base]
-kind = "debian"
-suite = "bookworm"
-packages = ["python3-minimal"]
-[python]
-version = "3.11"
-[resolution]
-exclude_newer = 2026-01-01T00:00:00Z
-"""
+SPEC = DEBIAN_SPEC
 
 
 def _fill(folder: Path) -> None:

@@ -21,22 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support.debianbase import DEBIAN_SPEC
 from support.mmdebstrap import need_mmdebstrap
 from support.mounts import Mounts, mounted_under, mounts  # noqa: F401
 
 from envbuild import proc
 
-SPEC = """\
-name = "s"
-[base]
-kind = "debian"
-suite = "bookworm"
-packages = ["python3-minimal"]
-[python]
-version = "3.11"
-[resolution]
-exclude_newer = 2026-01-01T00:00:00Z
-"""
+SPEC = DEBIAN_SPEC
 
 MMDEBSTRAP = """\
 #!/bin/sh

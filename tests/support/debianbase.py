@@ -29,3 +29,18 @@ class DebianRootfs:
     spec: DebianBase
     lock: DebianBaseLock
     base: BaseImage
+
+
+#: The smallest spec with a Debian base: what `lock` hands mmdebstrap (tests of its children
+#: and of a full disk)
+DEBIAN_SPEC = """\
+name = "s"
+[base]
+kind = "debian"
+suite = "bookworm"
+packages = ["python3-minimal"]
+[python]
+version = "3.11"
+[resolution]
+exclude_newer = 2026-01-01T00:00:00Z
+"""
