@@ -57,13 +57,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "diff",
-        "compare two snapshots (or a snapshot and a build manifest)",
-        differs="they differ",
+        "compare two snapshots (or a snapshot and a build manifest); three or more: one table of "
+        "what differs between the machines",
+        differs="they differ (of three or more: at least two machines differ)",
     ),
     Command(
         "verify",
         "check this machine against a snapshot manifest (exit 1 on drift)",
-        differs="the machine drifted from the snapshot",
+        differs="the machine drifted from the snapshot (--fleet: at least two snapshots differ)",
     ),
     Command("adopt", "turn a hand-built environment into a spec, a lock and declared patches"),
     Command("build", "build the OCI image of a spec from its lock (no Docker daemon)"),

@@ -1,4 +1,5 @@
-"""`envbuild verify MANIFEST`: check this machine against a snapshot; print only the drift."""
+"""`envbuild verify MANIFEST`: check this machine against a snapshot; print only the drift.
+`envbuild verify --fleet SNAPSHOT…`: the snapshots of several machines against each other."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import argparse
 from pathlib import Path
 
 from envbuild.cli import render
+from envbuild.cli.diff import run_fleet
 from envbuild.cli.engineopts import docker_engine
-from envbuild.errors import ExitCode
+from envbuild.errors import ExitCode, UsageError
 from envbuild.snapshot.diff.facts import size_text
 from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.verify import GpuMemory, verify
@@ -16,9 +18,18 @@ from envbuild.snapshot.verify import GpuMemory, verify
 def register(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Take a snapshot of what MANIFEST recorded (its Python environments, services and "
-        "model cache, or the --python given) and print only what drifted. Exit 1 on drift."
+        "model cache, or the --python given) and print only what drifted. Exit 1 on drift. "
+        "With --fleet, compare snapshots taken on several machines instead (gathered by your "
+        "own means: ssh, Ansible): one table of only what differs between them, exit 1 when "
+        "anything does."
     )
-    p.add_argument("manifest", metavar="MANIFEST")
+    p.add_argument("manifest", metavar="MANIFEST", nargs="?")
+    p.add_argument(
+        "--fleet",
+        nargs="+",
+        metavar="SNAPSHOT",
+        help="compare these snapshots (two or more) with each other instead of this machine",
+    )
     p.add_argument(
         "--python",
         action="append",
@@ -37,6 +48,19 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fleet is not None:
+        if args.manifest is not None or args.python or args.quick:
+            raise UsageError(
+                "verify --fleet compares snapshots with each other: give no MANIFEST, --python "
+                "or --quick with it",
+                hint="envbuild verify --fleet "
+                + " ".join(filter(None, [args.manifest, *args.fleet])),
+            )
+        if len(args.fleet) < 2:
+            raise UsageError("verify --fleet needs two snapshots or more")
+        return run_fleet(args.fleet, json=args.json)
+    if args.manifest is None:
+        raise UsageError("verify needs a MANIFEST (or --fleet SNAPSHOT…)")
     result = verify(
         Path(args.manifest),
         pythons=args.python,

@@ -118,7 +118,7 @@ def compare(a: Side, b: Side) -> DiffResult:
     envs = Group("environments", "Python environments")
     result.groups.append(envs)
     skipped: dict[str, list[str]] = {}
-    for key in sorted(set(a.groups) | set(b.groups), key=_group_order):
+    for key in sorted(set(a.groups) | set(b.groups), key=group_order):
         if key not in a.groups or key not in b.groups:
             missing, present = (a, b) if key not in a.groups else (b, a)
             title, _, facts = present.groups[key]
@@ -188,7 +188,7 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after_fields=fb.data if fb is not None else None,
                 )
             )
-    result.groups.sort(key=lambda g: _group_order(g.key))
+    result.groups.sort(key=lambda g: group_order(g.key))
     result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
     return result
 
@@ -213,7 +213,7 @@ _ORDER = (
 )
 
 
-def _group_order(key: str) -> tuple[int, str]:
+def group_order(key: str) -> tuple[int, str]:
     head = key.split(" ", 1)[0]
     return (_ORDER.index(head) if head in _ORDER else len(_ORDER), key)
 

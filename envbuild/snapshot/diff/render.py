@@ -1,5 +1,5 @@
 """A diff as text: each group's title, one line per change (before → after, and the size
-delta), then the notes and what was not compared."""
+delta), then the notes and what was not compared; a fleet's rows, each value with its machines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 
 from envbuild.snapshot.diff.compare import DiffResult
 from envbuild.snapshot.diff.facts import ABSENT, size_text
+from envbuild.snapshot.diff.fleet import FleetResult
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,29 @@ def render_text(result: DiffResult, *, only_counted: bool = False) -> list[str]:
                 sign = "+" if c.delta_bytes > 0 else "-"
                 text += f", {sign}{size_text(abs(c.delta_bytes))}"
             lines.append(text)
+    for note in result.notes:
+        lines.append(f"note: {note}")
+    for note in result.not_compared:
+        lines.append(f"not compared: {note}")
+    return lines
+
+
+def render_fleet(result: FleetResult) -> list[str]:
+    """Each row under its group's title: every value found, with the machines that have it
+    (values in the order their first machine was given)."""
+    lines: list[str] = []
+    title = None
+    for row in result.rows:
+        if row.title != title:
+            title = row.title
+            lines.append(f"{title}:")
+        lines.append(f"  {row.subject}:")
+        holders: dict[str, list[str]] = {}
+        for machine, value in zip(result.machines, row.values, strict=True):
+            holders.setdefault(value or ABSENT, []).append(machine)
+        width = max(len(v) for v in holders)
+        for value, machines in holders.items():
+            lines.append(f"    {value.ljust(width)}  on {', '.join(machines)}")
     for note in result.notes:
         lines.append(f"note: {note}")
     for note in result.not_compared:
