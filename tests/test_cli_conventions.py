@@ -92,6 +92,7 @@ def test_bash_completes_commands_options_and_subcommands(tmp_path: Path) -> None
     assert complete("envbuild -q va") == ["validate"]
     assert complete("envbuild build --no-d") == ["--no-docker-archive"]
     assert complete("envbuild store v") == ["verify"]
+    assert complete("envbuild verify --fl") == ["--fleet"]
     assert complete("envbuild completion f") == ["fish"]
     (tmp_path / "spec-one.toml").write_text("")
     assert complete("envbuild validate spec-") == ["spec-one.toml"]

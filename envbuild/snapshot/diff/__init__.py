@@ -9,6 +9,7 @@ host) are listed as not compared, with the reason.
 
 :mod:`.facts` is the vocabulary (:class:`~.facts.Fact`, :class:`~.facts.Side`); :mod:`.machine`,
 :mod:`.envfacts` and :mod:`.manifest` reduce a snapshot, its Python environments and a build
-manifest to facts; :mod:`.compare` pairs two sides and lists the changes; :mod:`.render` turns
-them into lines.
+manifest to facts; :mod:`.compare` pairs two sides and lists the changes; :mod:`.fleet` puts N
+sides in one table by the same rule (a row where any two differ); :mod:`.render` turns them into
+lines.
 """
