@@ -8,12 +8,13 @@
 # HOSTS: a file, one host a line: `NAME [ROOT]` (ROOT: default /, a folder for a rehearsal root,
 # as `envbuild apply --root`). SPEC: a path on the hosts; without it nothing is applied.
 # $ENVBUILD: the command on the hosts (default envbuild); $SNAPSHOT_ARGS: more snapshot options.
+# Paths are put in single quotes on the remote command line: none may hold a single quote.
 set -eu
 hosts=$1 out=$2 spec=${3:-}
 envbuild=${ENVBUILD:-envbuild}
 mkdir -p "$out"
 names=
-while read -r name root <&3; do
+while read -r name root <&3 || [ -n "${name:-}" ]; do  # (a last line without newline)
     case $name in '' | '#'*) continue ;; esac
     state="${root:-/}"
     state="${state%/}/var/lib/envbuild"

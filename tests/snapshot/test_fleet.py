@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild.snapshot.diff.compare import compare, load_side
-from envbuild.snapshot.diff.fleet import fleet_files
+from envbuild.snapshot.diff.compare import compare, load_side, unmatched_envs
+from envbuild.snapshot.diff.fleet import Row, fleet_files
 from envbuild.snapshot.diff.render import render_fleet
+from snapshot.test_json_properties import readable
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "h200-snapshot.json"
 SNAPSHOT = json.loads(FIXTURE.read_text())
@@ -157,12 +158,21 @@ EDITS = st.fixed_dictionaries(
 
 
 def pairwise_rows(paths: list[Path]) -> set[tuple[str, str]]:
-    """Every (group, subject) a counted group of the pairwise diff names, over ordered pairs."""
+    """Every (group, subject) a counted group of the pairwise diff names, over ordered pairs.
+    Where compare pairs two environments at other paths it names their groups by the left
+    side's path: here by the lesser of the two, whichever side it is."""
     rows = set()
     for a, b in permutations(paths, 2):
-        for group in compare(load_side(a)[0], load_side(b)[0]).groups:
+        side_a, side_b = load_side(a)[0], load_side(b)[0]
+        only_a, only_b = unmatched_envs(side_a, side_b)
+        named = only_a.pop() if len(only_a) == 1 == len(only_b) else None
+        lesser = min(named, *only_b) if named else None
+        for group in compare(side_a, side_b).groups:
+            key = group.key
+            if named and lesser and key.endswith(" " + named):
+                key = key.removesuffix(named) + lesser
             if group.counts:
-                rows |= {(group.key, c.subject) for c in group.changes}
+                rows |= {(key, c.subject) for c in group.changes}
     return rows
 
 
@@ -190,3 +200,26 @@ def test_rows_are_where_two_machines_differ(
     assert [(r.group, r.subject) for r in again.rows] == [(r.group, r.subject) for r in result.rows]
     for r, s in zip(result.rows, again.rows, strict=True):
         assert dict(zip(paths, r.values, strict=True)) == dict(zip(shuffled, s.values, strict=True))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(docs=st.lists(readable, min_size=2, max_size=4), order=st.randoms(use_true_random=False))
+def test_any_readable_documents_as_a_fleet(tmp_path: Path, docs: list[Any], order: Any) -> None:
+    """Snapshots with environments at other paths, sections missing, build manifests among
+    them: still a row exactly where a pair differs, and the same rows in any order."""
+    paths = [write(tmp_path, f"m{i}", doc) for i, doc in enumerate(docs)]
+    result = fleet_files(paths)
+    assert {(r.group, r.subject) for r in result.rows} == pairwise_rows(paths)
+    assert result.different == bool(result.rows)
+    render_fleet(result)
+    json.dumps(result.as_dict())
+    shuffled = list(paths)
+    order.shuffle(shuffled)
+    assert fleet_files(shuffled).rows == [
+        Row(r.group, r.title, r.subject, tuple(r.values[paths.index(p)] for p in shuffled))
+        for r in result.rows
+    ]

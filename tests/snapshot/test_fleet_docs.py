@@ -78,7 +78,8 @@ def assert_planted_row(table: str, snapshots: Path) -> None:
 def test_the_ssh_loop(tmp_path: Path, base_venv: Path, bin_dir: Path) -> None:
     venvs = [rehearsal_root(tmp_path / f"root{i}", base_venv) for i in (1, 2)]
     hosts = tmp_path / "hosts"
-    hosts.write_text(f"# name root\nhost1 {tmp_path / 'root1'}\nhost2 {tmp_path / 'root2'}/\n")
+    # a comment, a root with a trailing slash, and no newline after the last line
+    hosts.write_text(f"# name root\nhost1 {tmp_path / 'root1'}\nhost2 {tmp_path / 'root2'}/")
     out = tmp_path / "snapshots"
     env = {**run_env(bin_dir), "SNAPSHOT_ARGS": "--no-docker --no-systemd"}
 

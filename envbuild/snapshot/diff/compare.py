@@ -88,9 +88,7 @@ def _pair_envs(a: Side, b: Side) -> list[str]:
     each side is left unmatched (two machines, or a snapshot and a build manifest), they pair,
     and the note returned says so."""
     prefixes = ("packages ", "patches ", "files ", MODES, "overlaps ", "links ")
-    a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
-    b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
-    only_a, only_b = a_envs - b_envs, b_envs - a_envs
+    only_a, only_b = unmatched_envs(a, b)
     if len(only_a) != 1 or len(only_b) != 1:
         return []
     old, new = only_b.pop(), only_a.pop()
@@ -109,6 +107,14 @@ def _pair_envs(a: Side, b: Side) -> list[str]:
         f"the Python environments are at different paths: {new} in {a.label}, {old} in "
         f"{b.label}; compared with each other"
     ]
+
+
+def unmatched_envs(a: Side, b: Side) -> tuple[set[str], set[str]]:
+    """The Python environments (their paths) of ``a`` that ``b`` has not, and of ``b`` that
+    ``a`` has not; exactly one on each side: :func:`compare` pairs them, naming them as ``a``."""
+    a_envs = {k.removeprefix("packages ") for k in a.groups if k.startswith("packages ")}
+    b_envs = {k.removeprefix("packages ") for k in b.groups if k.startswith("packages ")}
+    return a_envs - b_envs, b_envs - a_envs
 
 
 def compare(a: Side, b: Side) -> DiffResult:

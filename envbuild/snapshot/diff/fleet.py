@@ -4,7 +4,8 @@ The rule of "the same" is the pairwise one, :func:`~.compare.compare`, and nothi
 (group, subject) is in the table exactly when at least one pair of machines differs there. The
 machines are first sorted into classes of equal facts (a fleet is mostly identical machines), so
 only one machine of each class is compared with one of every other class; pairs are taken in
-the order of their labels, so the rows do not depend on the order the files were given in.
+the order of their labels, so the rows do not depend on the order the files were given in. Two
+environments at other paths that compare pairs are named by the lesser path.
 Volatile state (free disk, GPU memory in use, hostname) does not count, as in ``diff``.
 """
 
@@ -17,7 +18,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from envbuild.snapshot.diff.compare import compare, group_order, load_side
+from envbuild.snapshot.diff.compare import compare, group_order, load_side, unmatched_envs
 from envbuild.snapshot.diff.facts import Side
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def compare_fleet(sides: Sequence[Side]) -> FleetResult:
     notes: list[str] = []
     not_compared: list[str] = []
     for ca, cb in combinations(classes, 2):
+        if _named_by_right(sides[ca[0]], sides[cb[0]]):
+            ca, cb = cb, ca
         result = compare(_copy(sides[ca[0]]), _copy(sides[cb[0]]))
         notes += [n for n in result.notes if n not in notes]
         not_compared += [n for n in result.not_compared if n not in not_compared]
@@ -100,6 +103,14 @@ def compare_fleet(sides: Sequence[Side]) -> FleetResult:
         )
         rows.append(Row(key, title, subject, shown))
     return FleetResult([s.label for s in sides], rows, notes, not_compared)
+
+
+def _named_by_right(a: Side, b: Side) -> bool:
+    """Whether two environments at other paths would pair with ``b``'s the lesser path: then
+    ``b`` goes on the left, so a paired group is named by the lesser path whichever machine is
+    compared with which (and whichever stands for its class)."""
+    only_a, only_b = unmatched_envs(a, b)
+    return len(only_a) == 1 == len(only_b) and min(only_b) < min(only_a)
 
 
 def _own_value(side: Side, key: str, subject: str) -> str | None:
