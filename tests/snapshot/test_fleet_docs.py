@@ -3,7 +3,9 @@ ssh loop (docs/fleet/snapshot-hosts.sh) with a stand-in ``ssh`` on PATH that run
 command on this machine, and the Ansible playbook (docs/fleet/playbook.yml) with the real
 ansible-playbook and ``ansible_connection=local`` hosts. Each root holds a copy of the same venv
 as its current generation: the fleet is clean, then a file edited in one root is a row naming
-that host. (Neither applies a spec here: the hosts are only snapshotted.)"""
+that host. Neither applies a spec for real here: the stand-in `envbuild` records the apply
+command line each host gets (checked: spec, root, before the snapshot) and runs every other
+command."""
 
 from __future__ import annotations
 
@@ -35,7 +37,12 @@ def bin_dir(tmp_path: Path) -> Path:
     """`envbuild` (this checkout's, run by this Python) and the stand-in `ssh`."""
     d = tmp_path / "bin"
     d.mkdir()
-    (d / "envbuild").write_text(f'#!/bin/sh\nexec {sys.executable} -m envbuild "$@"\n')
+    (d / "envbuild").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {d / "calls"}\n'
+        'if [ "$1" = apply ]; then exit 0; fi  # recorded, not run (see the module docstring)\n'
+        f'exec {sys.executable} -m envbuild "$@"\n'
+    )
     (d / "ssh").write_text(STAND_IN_SSH)
     for tool in d.iterdir():
         tool.chmod(0o755)
@@ -75,6 +82,18 @@ def assert_planted_row(table: str, snapshots: Path) -> None:
     assert "differs from RECORD" in values[1] and values[1].endswith(f"on {snapshots}/host2.json")
 
 
+def applied_then_snapshotted(bin_dir: Path, roots: list[str]) -> None:
+    """Each root got `apply SPEC --root ROOT --yes`, then its snapshot; then one verify."""
+    calls = (bin_dir / "calls").read_text().splitlines()
+    for root in roots:
+        apply = calls.index(f"apply specs/exp.toml --root {root} --yes")
+        venv = f"{root.rstrip('/')}/var/lib/envbuild/current/venv"
+        snap = next(i for i, c in enumerate(calls) if c.startswith(f"snapshot --python {venv} "))
+        assert apply < snap, calls
+    assert len(calls) == 2 * len(roots) + 1 and calls[-1].startswith("verify --fleet "), calls
+    (bin_dir / "calls").unlink()
+
+
 def test_the_ssh_loop(tmp_path: Path, base_venv: Path, bin_dir: Path) -> None:
     venvs = [rehearsal_root(tmp_path / f"root{i}", base_venv) for i in (1, 2)]
     hosts = tmp_path / "hosts"
@@ -83,14 +102,15 @@ def test_the_ssh_loop(tmp_path: Path, base_venv: Path, bin_dir: Path) -> None:
     out = tmp_path / "snapshots"
     env = {**run_env(bin_dir), "SNAPSHOT_ARGS": "--no-docker --no-systemd"}
 
-    def loop() -> subprocess.CompletedProcess[str]:
-        argv = [str(DOCS / "snapshot-hosts.sh"), str(hosts), str(out)]
+    def loop(*spec: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(DOCS / "snapshot-hosts.sh"), str(hosts), str(out), *spec]
         return subprocess.run(
             argv, check=False, env=env, capture_output=True, text=True, timeout=300
         )
 
-    clean = loop()
+    clean = loop("specs/exp.toml")
     assert clean.returncode == 0, clean.stderr
+    applied_then_snapshotted(bin_dir, [f"{tmp_path}/root1", f"{tmp_path}/root2/"])
     assert "no difference across 2 machines" in clean.stdout
     assert sorted(p.name for p in out.iterdir()) == ["host1.json", "host2.json"]
     edit(venvs[1])
@@ -136,8 +156,9 @@ def test_the_playbook(tmp_path: Path, base_venv: Path, bin_dir: Path) -> None:
             argv, check=False, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
         )
 
-    clean = play("-e", "envbuild_fleet_must_match=true")
+    clean = play("-e", "envbuild_fleet_must_match=true", "-e", "envbuild_spec=specs/exp.toml")
     assert clean.returncode == 0, clean.stdout + clean.stderr
+    applied_then_snapshotted(bin_dir, [f"{tmp_path}/root1", f"{tmp_path}/root2"])
     assert "no difference across 2 machines" in (out / "fleet.txt").read_text()
     edit(venvs[1])
     drifted = play()
