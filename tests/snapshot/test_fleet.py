@@ -90,6 +90,18 @@ def test_one_machine_differs(cli: Any, tmp_path: Path) -> None:
     }  # fmt: skip
 
 
+def test_the_common_value_of_a_big_fleet_is_counted(cli: Any, tmp_path: Path) -> None:
+    paths = [write(tmp_path, f"h{i}", machine(driver="2" if i == 3 else "1")) for i in range(5)]
+    assert cli("diff", *paths).stdout.splitlines()[:4] == [
+        "driver, CUDA and GPUs:",
+        "  driver:",
+        f"    2  on {paths[3]}",
+        "    1  on the other 4 machines",
+    ]
+    four = cli("diff", *paths[1:]).stdout.splitlines()  # three have 1: named
+    assert four[2:4] == [f"    1  on {paths[1]}, {paths[2]}, {paths[4]}", f"    2  on {paths[3]}"]
+
+
 def test_two_snapshots_keep_the_pairwise_diff(cli: Any, tmp_path: Path) -> None:
     a, c = write(tmp_path, "a", machine()), write(tmp_path, "c", machine(driver="1"))
     assert "  driver: 580.159.04 → 1" in cli("diff", a, c).stdout

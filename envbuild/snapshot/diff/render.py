@@ -33,9 +33,15 @@ def render_text(result: DiffResult, *, only_counted: bool = False) -> list[str]:
     return lines
 
 
+#: a value more machines have than this is shown with their count ("the other 45 machines")
+#: when it is the most common one: every machine that differs from them is named
+NAMED_AT_MOST = 3
+
+
 def render_fleet(result: FleetResult) -> list[str]:
     """Each row under its group's title: every value found, with the machines that have it
-    (values in the order their first machine was given)."""
+    (values in the order their first machine was given; the most common one last, by count,
+    when more than :data:`NAMED_AT_MOST` machines have it)."""
     lines: list[str] = []
     title = None
     for row in result.rows:
@@ -47,8 +53,13 @@ def render_fleet(result: FleetResult) -> list[str]:
         for machine, value in zip(result.machines, row.values, strict=True):
             holders.setdefault(value or ABSENT, []).append(machine)
         width = max(len(v) for v in holders)
+        common = max(holders, key=lambda v: len(holders[v]))
+        counted = len(holders[common]) > NAMED_AT_MOST
         for value, machines in holders.items():
-            lines.append(f"    {value.ljust(width)}  on {', '.join(machines)}")
+            if not (counted and value == common):
+                lines.append(f"    {value.ljust(width)}  on {', '.join(machines)}")
+        if counted:
+            lines.append(f"    {common.ljust(width)}  on the other {len(holders[common])} machines")
     for note in result.notes:
         lines.append(f"note: {note}")
     for note in result.not_compared:
