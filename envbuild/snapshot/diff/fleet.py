@@ -2,11 +2,12 @@
 
 The rule of "the same" is the pairwise one, :func:`~.compare.compare`, and nothing else: a row
 (group, subject) is in the table exactly when at least one pair of machines differs there. The
-machines are first sorted into classes of equal facts (a fleet is mostly identical machines), so
-only one machine of each class is compared with one of every other class; pairs are taken in
-the order of their labels, so the rows do not depend on the order the files were given in. Two
-environments at other paths that compare pairs are named by the lesser path.
-Volatile state (free disk, GPU memory in use, hostname) does not count, as in ``diff``.
+machines are first sorted into classes of equal counted facts (a fleet is mostly identical
+machines, the hostname and free disk aside), so only one machine of each class is compared with
+one of every other class; pairs are taken in the order of their labels, so the rows do not
+depend on the order the files were given in. Two environments at other paths that compare pairs
+are named by the lesser path. Volatile state (free disk, GPU memory in use, hostname) does not
+count, as in ``diff``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.snapshot.diff.compare import compare, group_order, load_side, unmatched_envs
-from envbuild.snapshot.diff.facts import Side
+from envbuild.snapshot.diff.facts import Fact, Side
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,7 @@ def compare_fleet(sides: Sequence[Side]) -> FleetResult:
     classes: list[list[int]] = []  # machines of equal facts; the first one stands for them
     for i in order:
         for members in classes:
-            head = sides[members[0]]
-            if head.kind == sides[i].kind and head.groups == sides[i].groups:
+            if _same_facts(sides[members[0]], sides[i]):
                 members.append(i)
                 break
         else:
@@ -103,6 +103,24 @@ def compare_fleet(sides: Sequence[Side]) -> FleetResult:
         )
         rows.append(Row(key, title, subject, shown))
     return FleetResult([s.label for s in sides], rows, notes, not_compared)
+
+
+def _counted(side: Side) -> dict[str, tuple[str, bool, dict[str, Fact]]]:
+    return {key: group for key, group in side.groups.items() if group[1]}
+
+
+def _same_facts(a: Side, b: Side) -> bool:
+    """Whether ``a`` and ``b`` hold the same facts in every group that counts (state, such as
+    the hostname, never makes a row), down to the fields compare() also reads (a fact's
+    ``item`` and ``data``, which its equality leaves out): then they differ in no row."""
+    groups_a, groups_b = _counted(a), _counted(b)
+    if a.kind != b.kind or groups_a != groups_b:
+        return False
+    return all(
+        fact.item == groups_b[key][2][subject].item and fact.data == groups_b[key][2][subject].data
+        for key, (_, _, facts) in groups_a.items()
+        for subject, fact in facts.items()
+    )
 
 
 def _named_by_right(a: Side, b: Side) -> bool:
