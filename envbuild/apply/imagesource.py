@@ -36,7 +36,7 @@ MAX_CONFIG = 4 << 20
 MAX_MANIFEST = 4 << 20
 #: The history entries of envbuild's own layers (outputs.py writes them); a base's are
 #: ``envbuild: …`` or the base image's own.
-OURS = re.compile(r"^envbuild (venv|dist|group|top|build|patch) (\S+)(:|$| )")
+OURS = re.compile(r"^envbuild (venv|dist|group|top|build|patch) ([^\s:]+)(?::|$| )")
 
 
 @dataclass(frozen=True)
@@ -91,16 +91,57 @@ class ImageSource:
 # --- finding and reading the image ----------------------------------------------------------
 
 
-def _stored_or_fetched(api: RegistryApi, store: Store, digest: str, size: int, limit: int,
-                       traffic: Traffic, what: str) -> bytes:  # fmt: skip
-    """A small blob (a config) from the store, else fetched into it (size and digest checked)."""
-    if size > limit or size < 0:
-        raise IntegrityError(f"{what} {digest} is {size} bytes: more than envbuild reads ({limit})")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+VENV_PATH = re.compile(r"(/[A-Za-z0-9_+-][A-Za-z0-9._+-]*)+")
+
+
+class _Bad(Exception):
+    """A manifest or config that is not what an image's is (turned into an IntegrityError)."""
+
+
+def _obj(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(f"{what} is not an object")
+    return value
+
+
+def _items(value: object, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Bad(f"{what} is not a list")
+    return value
+
+
+def _descriptor(value: object, what: str) -> tuple[str, int, str]:
+    """(digest, size, media type) of a descriptor, each checked."""
+    d = _obj(value, what)
+    digest, size, kind = d.get("digest"), d.get("size"), d.get("mediaType", "")
+    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+        raise _Bad(f"{what} has no sha256 digest")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _Bad(f"{what} has no size")
+    if not isinstance(kind, str):
+        raise _Bad(f"{what} has no media type")
+    return digest, size, kind
+
+
+def _json(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        return _obj(json.loads(body), what)
+    except (ValueError, RecursionError):
+        raise _Bad(f"{what} is not JSON") from None
+
+
+def _small_blob(api: RegistryApi, store: Store, digest: str, size: int, traffic: Traffic) -> bytes:
+    """The config: the store's copy, else fetched into it (size and digest checked)."""
+    if size > MAX_CONFIG:
+        raise _Bad(f"the image config is {size} bytes: more than envbuild reads ({MAX_CONFIG})")
     if not store.check_blob(digest):
         fetch_blob(api, store, digest, size, traffic)
     data = store.read_blob(digest)
     if len(data) != size:
-        raise IntegrityError(f"{what} {digest} is {len(data)} bytes, its descriptor says {size}")
+        raise _Bad(f"the image config is {len(data)} bytes, its descriptor says {size}")
     return data
 
 
@@ -111,81 +152,78 @@ def fetch_blob(api: RegistryApi, store: Store, digest: str, size: int, traffic: 
     traffic.bytes_fetched += size
 
 
-def _manifest(api: RegistryApi, store: Store, digest: str) -> dict[str, Any]:
+def _manifest_body(api: RegistryApi, store: Store, digest: str) -> bytes:
     """The manifest ``digest`` names: the store's copy (kept from an earlier apply, its bytes
     checked against the digest), else the registry's (checked too)."""
     if store.check_blob(digest):
-        body = store.read_blob(digest)
-    else:
-        body = api.manifest_bytes(digest)
-        store.add_bytes(body, expected=digest)
+        return store.read_blob(digest)
+    body = api.manifest_bytes(digest)
     if len(body) > MAX_MANIFEST:
-        raise IntegrityError(f"manifest {digest} is over {MAX_MANIFEST} bytes")
-    data = json.loads(body)
-    kind = data.get("mediaType") if isinstance(data, dict) else None
-    if kind not in (OCI_MANIFEST, DOCKER_MANIFEST, None) or "layers" not in data:
-        raise UserError(
-            f"{api.registry}/{api.repository}@{digest} is not an image manifest ({kind})",
-            hint="name the image's own manifest digest (`envbuild ci` prints it)",
-        )
-    return dict(data)
+        raise _Bad(f"the manifest is over {MAX_MANIFEST} bytes")
+    store.add_bytes(body, expected=digest)
+    return body
 
 
 def open_image(
     ref: ImageRef, endpoint: Endpoint, store: Store, *, api: RegistryApi | None = None
 ) -> ImageSource:
-    """Read the image ``ref`` names (a digest, or a tag resolved to one) as far as its config."""
+    """Read the image ``ref`` names (a digest, or a tag resolved to one) as far as its config.
+    Whatever the registry sends, the answer is an :class:`ImageSource` or an envbuild error."""
     api = api or RegistryApi(ref.registry, ref.repository, endpoint)
     digest = ref.digest or api.manifest_digest(ref.tag or "latest")
     if digest is None:
         raise UserError(f"{ref}: the registry holds no such image")
-    traffic = Traffic()
-    manifest = _manifest(api, store, digest)
-    desc = manifest.get("config") or {}
-    config = json.loads(
-        _stored_or_fetched(
-            api,
-            store,
-            str(desc.get("digest")),
-            int(desc.get("size", -1)),
-            MAX_CONFIG,
-            traffic,
-            "image config",
-        )
-    )
-    inner = config.get("config") or {}
-    labels = {str(k): str(v) for k, v in (inner.get("Labels") or {}).items()}
-    env = dict(str(e).partition("=")[::2] for e in inner.get("Env") or [])
-    diff_ids = [str(d) for d in (config.get("rootfs") or {}).get("diff_ids") or []]
-    blobs = manifest.get("layers") or []
-    history = [h for h in config.get("history") or [] if not h.get("empty_layer")]
-    if len(diff_ids) != len(blobs) or len(history) != len(blobs):
+    if not DIGEST.fullmatch(digest):
+        raise UserError(f"{ref}: {digest} is not a sha256 digest")
+    try:
+        return _read(ref.pinned(digest), api, store)
+    except _Bad as exc:
         raise IntegrityError(
-            f"{ref}: the image config names {len(diff_ids)} layers and {len(history)} history "
-            f"entries, its manifest {len(blobs)}"
+            f"{ref.registry}/{ref.repository}@{digest}: {exc}",
+            hint="this is not an image envbuild pushed, or the registry's copy is damaged",
+        ) from None
+
+
+def _read(ref: ImageRef, api: RegistryApi, store: Store) -> ImageSource:
+    assert ref.digest is not None
+    traffic = Traffic()
+    manifest = _json(_manifest_body(api, store, ref.digest), "the manifest")
+    kind = manifest.get("mediaType")
+    if kind not in (OCI_MANIFEST, DOCKER_MANIFEST, None) or "layers" not in manifest:
+        raise UserError(
+            f"{ref} is not an image manifest ({kind})",
+            hint="name the image's own manifest digest (`envbuild ci` prints it)",
+        )
+    cdigest, csize, _ = _descriptor(manifest.get("config"), "the manifest's config")
+    config = _json(_small_blob(api, store, cdigest, csize, traffic), "the image config")
+    inner = _obj(config.get("config") or {}, "the config's config")
+    labels = {str(k): str(v) for k, v in _obj(inner.get("Labels") or {}, "Labels").items()}
+    env = dict(str(e).partition("=")[::2] for e in _items(inner.get("Env"), "Env"))
+    rootfs = _obj(config.get("rootfs") or {}, "rootfs")
+    diff_ids = [str(d) for d in _items(rootfs.get("diff_ids"), "diff_ids")]
+    blobs = [_descriptor(b, "a layer") for b in _items(manifest.get("layers"), "layers")]
+    history = [_obj(h, "a history entry") for h in _items(config.get("history"), "history")]
+    history = [h for h in history if not h.get("empty_layer")]
+    if len(diff_ids) != len(blobs) or len(history) != len(blobs):
+        raise _Bad(
+            f"the image config names {len(diff_ids)} layers and {len(history)} history entries, "
+            f"its manifest {len(blobs)}"
         )
     layers = []
-    for blob, diff_id, hist in zip(blobs, diff_ids, history, strict=True):
+    for (ldigest, size, media), diff_id, hist in zip(blobs, diff_ids, history, strict=True):
         m = OURS.match(str(hist.get("created_by", "")))
         if m is None:
             continue  # the base's: the VM has its own system
-        layers.append(
-            ImageLayer(
-                str(blob["digest"]),
-                int(blob["size"]),
-                str(blob["mediaType"]),
-                diff_id,
-                m.group(1),
-                m.group(2),
-            )
-        )
+        if not DIGEST.fullmatch(diff_id):
+            raise _Bad(f"layer {ldigest} has no sha256 diff_id")
+        layers.append(ImageLayer(ldigest, size, media, diff_id, m.group(1), m.group(2)))
     venv = env.get("VIRTUAL_ENV", "")
-    if not layers or layers[0].kind != "venv" or not venv.startswith("/"):
+    if not layers or layers[0].kind != "venv" or not VENV_PATH.fullmatch(venv) or "/.." in venv:
         raise UserError(
             f"{ref}: not an image envbuild built (no `envbuild venv` layer and VIRTUAL_ENV)",
             hint="apply an image `envbuild build` or `envbuild ci` made",
         )
-    src = ImageSource(ref.pinned(digest), labels, venv, layers, api, traffic)
+    src = ImageSource(ref, labels, venv, layers, api, traffic)
     log.info("image %s: %d venv layers of %d", src.name, len(layers), len(blobs))
     return src
 
@@ -202,8 +240,8 @@ def find_image(repo: ImageRef, inp: ApplyInput, endpoint: Endpoint, store: Store
             continue
         try:
             src = open_image(repo.with_tag(tag).pinned(digest), endpoint, store, api=api)
-        except UserError:
-            continue  # not an envbuild image, or an index
+        except (UserError, IntegrityError):
+            continue  # not an envbuild image, an index, or a damaged one
         if _label_problems(src, inp) == []:
             return src
     raise UserError(
