@@ -268,8 +268,10 @@ def _link(
         keys.update(dict.fromkeys(dists, manifest.key))
         base = trees.files(manifest.key)
         for rel in manifest.dirs:
+            _not_below_a_link(rel, own, manifest)
             os.makedirs(venv / rel, mode=0o755, exist_ok=True)
         for rel in sorted(manifest.files):
+            _not_below_a_link(rel, own, manifest)
             target = venv / rel
             if rel in placed or rel in own:
                 os.unlink(target)
@@ -279,8 +281,11 @@ def _link(
             modes.add(copy_into(base / rel, target))
             placed.add(rel)
         for rel, to in sorted(manifest.links.items()):
+            _not_below_a_link(rel, own, manifest)
             target = venv / rel
             target.parent.mkdir(parents=True, exist_ok=True)
+            if stat.S_ISDIR(_lstat_mode(target)):
+                raise IntegrityError(f"layer {manifest.dist}: link {rel} would replace a folder")
             if os.path.lexists(target):
                 os.unlink(target)
                 placed.discard(rel)
@@ -288,6 +293,25 @@ def _link(
             own.add(rel)
     mode = "copy" if "copy" in modes else "reflink" if "reflink" in modes else "hardlink"
     return dict(sorted(keys.items())), winners, sorted(own), mode
+
+
+def _not_below_a_link(rel: str, links: set[str], manifest: TreeManifest) -> None:
+    """Refuse a path below a symlink an earlier layer made. The archive rules refuse it while
+    the layers are read; trees reused from the store (made from another image's layers) are
+    not read again, so the rule is kept here too: nothing is written through a link."""
+    for folder in _parents(rel):
+        if folder in links:
+            raise IntegrityError(
+                f"layer {manifest.dist} ({manifest.key[:12]}): {rel} lies below the symlink "
+                f"{folder} of a lower layer; refusing the image"
+            )
+
+
+def _lstat_mode(path: Path) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def _check_pyvenv(venv: Path, spec: Spec, src: ImageSource) -> None:

@@ -126,3 +126,31 @@ def test_whatever_the_registry_sends_is_an_image_or_an_error(
     assert isinstance(got, (ImageSource, EnvbuildError))
     if isinstance(got, ImageSource):  # what it read is what an image needs
         assert got.layers and got.layers[0].kind == "venv" and got.venv.startswith("/")
+
+
+def test_no_tree_file_is_written_through_a_lower_layers_link(tmp_path: Path) -> None:
+    """Trees reused from the store are not read through the archive rules again: linking them
+    still refuses a file below a symlink an earlier layer made (``lib -> /elsewhere``)."""
+    import hashlib as h
+
+    import pytest
+
+    from envbuild.apply.fromimage import _link
+    from envbuild.errors import IntegrityError
+    from envbuild.store.trees import Trees
+
+    store = Store(tmp_path / "store")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"evil\n")
+    trees = Trees(store)
+    with store.session():
+        lower = trees.create("a" * 64, dist="venv", version="", wheel=None, layout={},
+                             sources={}, digests={}, links={"lib": str(outside)})  # fmt: skip
+        upper = trees.create("b" * 64, dist="dist", version="", wheel=None, layout={},
+                             sources={"lib/evil": staged},
+                             digests={"lib/evil": h.sha256(b"evil\n").hexdigest()})  # fmt: skip
+        with pytest.raises(IntegrityError, match="below the symlink lib"):
+            _link(tmp_path / "venv", [lower, upper], store)
+    assert list(outside.iterdir()) == []
