@@ -251,3 +251,29 @@ def test_the_unit_runs_the_image_venvs_vllm_with_the_venvs_interpreter(
     text = units.render_unit(spec, "0" * 64, settings)
     (line,) = [x for x in text.splitlines() if x.startswith("ExecStart=")]
     assert line.startswith(f"ExecStart={gen}/venv/bin/python {gen}/venv/bin/vllm serve org/tiny-a ")
+
+
+@pytest.mark.parametrize("damage", ["flipped", "cut"])
+def test_a_damaged_layer_in_the_registry_is_refused_and_nothing_is_kept(
+    cli, repo: Path, registry: Registry, machine: Machine, monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+) -> None:  # fmt: skip
+    spec, image = pushed_image(cli, repo, registry, f"damaged-{damage}")
+    go_offline(monkeypatch)
+    manifest = json.loads((repo / f"out-damaged-{damage}" / "build-manifest.json").read_text())
+    biggest = max((x for x in manifest["layers"] if x["kind"] != "base"), key=lambda x: x["size"])
+    blob = registry.blob_file(biggest["digest"])
+    data = bytearray(blob.read_bytes())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[-100:]
+    blob.write_bytes(bytes(data))
+    result = cli("apply", spec, "--image", image, "--insecure", "--root", machine.root)
+    assert result.exit_code == 3, result.stdout + result.stderr
+    said = "does not match its digest" if damage == "flipped" else "its descriptor says"
+    assert said in result.stderr
+    assert gens.current(machine.paths) is None
+    from envbuild.store.core import Store
+
+    assert not Store(Path(os.environ["ENVBUILD_STORE"])).has_blob(biggest["digest"])
