@@ -295,8 +295,9 @@ def apply(
 
 
 #: The store scratch folders apply makes (staging venvs and their uv cache, trees being made
-#: or removed, a repair's lock): what killed applies left of them the next apply removes.
-SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-")
+#: or removed, a repair's lock, an image layer being unpacked): what killed applies left of them
+#: the next apply removes.
+SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-", "image-")
 
 
 def _sweep_store_scratch(host: HostAccess) -> None:
