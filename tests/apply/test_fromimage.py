@@ -277,3 +277,35 @@ def test_a_damaged_layer_in_the_registry_is_refused_and_nothing_is_kept(
     from envbuild.store.core import Store
 
     assert not Store(Path(os.environ["ENVBUILD_STORE"])).has_blob(biggest["digest"])
+
+
+@pytest.mark.parametrize("step", [1, 4, 9])
+def test_an_apply_killed_while_it_makes_trees_from_layers_leaves_a_consistent_store(
+    cli, repo: Path, registry: Registry, machine: Machine, step: int
+) -> None:
+    import time
+
+    from envbuild.store.core import Store
+    from envbuild.store.trees import Trees
+
+    spec, image = pushed_image(cli, repo, registry, f"killed-{step}")
+    proc_ = machine.spawn("apply", spec, "--image", image, "--insecure", "--root", machine.root,
+                          KILL_IN_TREES=str(step))  # fmt: skip
+    _out, err = proc_.communicate(timeout=120)
+    assert proc_.returncode == 137, err
+    assert gens.current(machine.paths) is None and gens.list_generations(machine.paths) == []
+    store = Store(Path(os.environ["ENVBUILD_STORE"]))
+    trees = Trees(store)
+    for key in trees.all():  # whatever is under trees/ is whole
+        manifest = trees.manifest(key)
+        assert manifest is not None and trees.verify(manifest) == []
+    left = list(store.tmp.iterdir())  # an unpacking folder, a tree being made (early steps)
+    for path in left:  # as old as a run killed a while ago
+        os.utime(path, (time.time() - 3600, time.time() - 3600), follow_symlinks=False)
+    r = cli("apply", spec, "--image", image, "--insecure", "--root", machine.root)
+    assert r.exit_code == 0, r.stderr
+    # the next apply removes the scratch folders; a blob cut short (blob-*.tmp) is gc's
+    assert [p.name for p in store.tmp.iterdir() if not p.name.startswith("blob-")] == []
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+    assert cli("gc").exit_code == 0 and list(store.tmp.iterdir()) == []
+    assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
