@@ -157,14 +157,20 @@ def _parents(rel: str) -> list[str]:
     return out
 
 
-def _dists(manifest: TreeManifest) -> list[str]:
-    """The distributions a tree holds, by their ``.dist-info`` folders in site-packages."""
-    names = set()
+def _versions(manifest: TreeManifest) -> dict[str, str]:
+    """The distributions a tree holds and their versions, by their ``.dist-info`` folders in
+    site-packages (``name-version.dist-info``, as installers name them)."""
+    out = {}
     for rel in manifest.files:
         parts = rel.split("/")
         if len(parts) > 4 and parts[3].endswith(".dist-info") and parts[2] == "site-packages":
-            names.add(canonicalize_name(parts[3][: -len(".dist-info")].rsplit("-", 1)[0]))
-    return sorted(names)
+            name, _, version = parts[3][: -len(".dist-info")].rpartition("-")
+            out[canonicalize_name(name)] = version
+    return dict(sorted(out.items()))
+
+
+def _dists(manifest: TreeManifest) -> list[str]:
+    return list(_versions(manifest))
 
 
 # --- the generation ---------------------------------------------------------------------------
@@ -215,7 +221,15 @@ def build(paths: Paths, inp: ApplyInput, src: ImageSource, store: Store) -> gens
             tree.next_layer()
         trees, winners, own, link_mode = _link(venv, manifests, store)
         _check_pyvenv(venv, spec, src)
-        packages = venvs.check_exact(venv, inp.lock, {})
+        # source-built and patched distributions have the versions their layers hold (the
+        # lock names the released ones; the build recorded what it made of them)
+        made = {
+            dist: version
+            for layer, manifest in zip(src.layers, manifests, strict=True)
+            if layer.kind in ("build", "patch")
+            for dist, version in _versions(manifest).items()
+        }
+        packages = venvs.check_exact(venv, inp.lock, {}, made)
         unit_name = None
         if spec.serve is not None:
             unit_name = units.unit_name(spec.name)

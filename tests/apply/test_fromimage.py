@@ -263,13 +263,17 @@ def test_a_damaged_layer_in_the_registry_is_refused_and_nothing_is_kept(
     manifest = json.loads((repo / f"out-damaged-{damage}" / "build-manifest.json").read_text())
     biggest = max((x for x in manifest["layers"] if x["kind"] != "base"), key=lambda x: x["size"])
     blob = registry.blob_file(biggest["digest"])
-    data = bytearray(blob.read_bytes())
+    kept = blob.read_bytes()  # the registry is the session's: its blob is put back after
+    data = bytearray(kept)
     if damage == "flipped":
         data[len(data) // 2] ^= 0xFF
     else:
         del data[-100:]
     blob.write_bytes(bytes(data))
-    result = cli("apply", spec, "--image", image, "--insecure", "--root", machine.root)
+    try:
+        result = cli("apply", spec, "--image", image, "--insecure", "--root", machine.root)
+    finally:
+        blob.write_bytes(kept)
     assert result.exit_code == 3, result.stdout + result.stderr
     said = "does not match its digest" if damage == "flipped" else "its descriptor says"
     assert said in result.stderr
@@ -309,3 +313,40 @@ def test_an_apply_killed_while_it_makes_trees_from_layers_leaves_a_consistent_st
     assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
     assert cli("gc").exit_code == 0 and list(store.tmp.iterdir()) == []
     assert cli("generations", "--root", machine.root, "--verify").exit_code == 0
+
+
+PATCH = """\
+--- a/tinypatch/__init__.py
++++ b/tinypatch/__init__.py
+@@ -1,2 +1,2 @@
+-GREETING = "as released"
++GREETING = "patched by envbuild"
+ VERSION = 1
+"""
+
+
+def test_a_patched_distribution_comes_from_its_layer_at_its_patched_version(
+    cli, repo: Path, registry: Registry, machine: Machine, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    released = 'GREETING = "as released"\nVERSION = 1\n'
+    wheel = make_wheel(repo / "wheels", "tinypatch", "1.0", {"tinypatch/__init__.py": released})
+    (repo / "specs" / "patches").mkdir(parents=True)
+    (repo / "specs" / "patches" / "tinypatch.patch").write_text(PATCH)
+    spec = write_project(repo, "patched", [ref(wheel)],
+                         '[patches]\ntinypatch = ["patches/tinypatch.patch"]\n')  # fmt: skip
+    out = repo / "out-patched"
+    assert cli("build", "--store", repo / "ci-store", "--output", out, spec).exit_code == 0
+    assert cli("push", out, registry.ref("fleet/img", "patched"), "--insecure").exit_code == 0
+    digest = json.loads((out / "build-manifest.json").read_text())["image"]
+    image = f"{registry.host}/fleet/img@{digest}"
+    want = listing(image_venv(image, tmp_path / "real"))
+    go_offline(monkeypatch)
+    result = cli("apply", spec, "--image", image, "--insecure", "--root", machine.root)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    gen = gens.current(machine.paths)
+    assert gen is not None and gen.meta.packages["tinypatch"].startswith("1.0+envbuild.")
+    have = listing(gen.venv)
+    assert sorted(have) == sorted(want) and all(have[r] == want[r] for r in want)
+    init = gen.venv / "lib" / "python3.11" / "site-packages" / "tinypatch" / "__init__.py"
+    assert "patched by envbuild" in init.read_text()
