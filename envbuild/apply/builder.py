@@ -88,8 +88,10 @@ def repair(paths: Paths, found: Found, store: Store) -> tuple[Found, list[str]]:
     newest = found.rejected[0]
     every = gens.list_generations(paths)
     gen = next((g for g in every if g.number == newest.number), None)
-    if gen is None or not gen.meta.trees:
-        return found, []  # not a shared generation: it is built again instead
+    if gen is None or not gen.meta.trees or gen.meta.image:
+        # not a shared generation of wheels (one from an image has no wheels to install
+        # again): it is built again instead
+        return found, []
     done = shared.repair(gen, Store(store.root), every, gen.meta.python.rsplit(".", 1)[0])
     check = check_generation(gen, store=store)
     if check.ok:

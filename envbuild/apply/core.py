@@ -14,11 +14,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from envbuild.apply import fromimage
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
-from envbuild.apply import shared
 from envbuild.apply import unit as units
 from envbuild.apply.builder import (
     Found,
@@ -30,8 +30,10 @@ from envbuild.apply.builder import (
 )
 from envbuild.apply.checks import PreflightReport
 from envbuild.apply.host import HostAccess
+from envbuild.apply.imagesource import ImageSource, check_image
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.integrity import check_generation, installed_unit_problems
+from envbuild.apply.linkstep import check_links, link_result
 from envbuild.apply.modelcache import ModelResult
 from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
@@ -48,13 +50,10 @@ from envbuild.apply.statelock import state_lock
 from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
-from envbuild.errors import EnvbuildError, EnvironmentFailure, LinkFindings, UserError
+from envbuild.errors import EnvbuildError, EnvironmentFailure, UserError
 from envbuild.spec.checks.serve import placeholders
 from envbuild.spec.model import Spec
 from envbuild.store.core import Store
-
-if TYPE_CHECKING:
-    from envbuild.linkcheck import Report
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +67,8 @@ class Options:
     #: --repair: a shared generation with these inputs whose tree files were changed is put
     #: right from the wheels and reused, instead of a new one being built
     repair: bool = False
+    #: --image/--from: the venv is the image's (envbuild.apply.fromimage), not installed
+    image: ImageSource | None = None
 
 
 @dataclass
@@ -91,6 +92,8 @@ class ApplyOutcome:
     recovered: Recovery | None = None
     #: What --repair did (one line each).
     repaired: list[str] = field(default_factory=list)
+    #: --image/--from: the image and what was asked of the registry
+    image: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -113,6 +116,7 @@ class ApplyOutcome:
             "snapshot": self.snapshot,
             "recovered": self.recovered.as_dict() if self.recovered else None,
             "repaired": self.repaired,
+            "image": self.image,
         }
 
 
@@ -163,7 +167,8 @@ def apply(
         # Does a generation with these inputs exist and still verify? (Its content hash is
         # known before anything is built when the store already holds its source builds and
         # patched wheels.) If it is the current one and its unit runs, nothing will stop.
-        found = _reusable(host, inp)
+        image = options.image
+        found = fromimage.reusable(paths, inp, image, host.store) if image else _reusable(host, inp)
         if options.repair and found is not None and not options.dry_run:
             found, outcome_repairs = repair(paths, found, host.store)
         else:
@@ -181,7 +186,7 @@ def apply(
                 keep = frozenset({unit})
         # a generation to reuse needs nothing built (nor the spec file that builds would need)
         reuse = found is not None and found.generation is not None
-        store_missing = {} if reuse else host.wheels.missing(inp)
+        store_missing = {} if reuse or image else host.wheels.missing(inp)
         parsed: ParseResult | None = None
         if reuse and unit is not None and found is not None and found.generation is not None:
             parsed = vllm_parses(found.generation, spec, paths, host.store)
@@ -198,7 +203,7 @@ def apply(
                 running_units=running,
                 builds_missing=store_missing,
                 secrets_missing=[n for n in units.secret_names(spec) if n not in os.environ],
-                python=python_available(spec.python.version),
+                python=check_image(image, inp) if image else python_available(spec.python.version),
                 agreed=options.agreed,
                 can_start=services.available,
                 services_note=getattr(services, "reason", ""),
@@ -221,15 +226,19 @@ def apply(
 
         if found is not None and found.generation is not None:
             realised = Realised(found.generation, True, found.rejected)
+        elif image is not None:
+            realised = fromimage.realise(paths, inp, image, host.store, found)
         else:
             realised = realise(paths, inp, host.wheels.provide(inp), found=found, store=host.store)
+        if image is not None:
+            outcome.image = {"image": image.name, **image.traffic.as_dict()}
         _record_build(outcome, realised)
         if unit is not None and parsed is None:
             # vLLM's own parser on the exact command, before the model download and the switch
             parsed = _refuse_unparsable(realised.generation, spec, paths, host.store)
         if linked is None:
             # the link check of the venv just built, before the model download and the switch
-            _check_links(realised.generation, spec)
+            check_links(realised.generation, spec)
         # a store root keeps the wheels its wheels/ links name through `envbuild gc`
         host.wheels.keep(realised.generation)
         if spec.model is not None:
@@ -286,8 +295,9 @@ def apply(
 
 
 #: The store scratch folders apply makes (staging venvs and their uv cache, trees being made
-#: or removed, a repair's lock): what killed applies left of them the next apply removes.
-SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-")
+#: or removed, a repair's lock, an image layer being unpacked): what killed applies left of them
+#: the next apply removes.
+SCRATCH = ("stage-", "uv-cache-", "tree-", "gone-", "repair-", "image-")
 
 
 def _sweep_store_scratch(host: HostAccess) -> None:
@@ -456,40 +466,6 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
     if wheels is None:
         return None
     return find_reusable(paths, generation_hash(paths, inp, wheels), store=host.store)
-
-
-def _link_report(target: gens.Generation, spec: Spec) -> Report:
-    """The link check over a generation's venv (envbuild.linkcheck.Report), cached per file:
-    a generation checked before costs a stat per file, and a file that is still its install
-    tree's inode is known by the sha256 the tree's manifest has (no file is hashed again)."""
-    from envbuild import linkcheck
-
-    digests = shared.tree_digests(target)
-    return linkcheck.check_folder(
-        "/", str(target.venv), accept=spec.image.link_findings, digests=digests
-    )
-
-
-def link_result(target: gens.Generation, spec: Spec) -> LinkResult:
-    """The link check of an existing generation, for preflight's ``links`` line."""
-    report = _link_report(target, spec)
-    return LinkResult(
-        generation=target.number,
-        checked=report.checked,
-        findings=[(f.id, f.line()) for f in report.findings],
-        accepted=len(report.accepted),
-    )
-
-
-def _check_links(target: gens.Generation, spec: Spec) -> None:
-    """Refuse to switch to a generation just built whose files will not load."""
-    report = _link_report(target, spec)
-    if report.findings:
-        raise LinkFindings(
-            f"generation {target.number}",
-            [f.line() for f in report.findings],
-            [f.id for f in report.findings],
-        )
 
 
 def _record_build(outcome: ApplyOutcome, realised: Realised) -> None:

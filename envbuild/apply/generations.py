@@ -89,6 +89,11 @@ class GenerationMeta(BaseModel):
         description="venv-relative path -> the distribution whose file it is, where two "
         "install it with other bytes (as the spec's [image.overlaps] says)",
     )
+    image: str | None = Field(
+        None,
+        description="REGISTRY/REPO@sha256:… of the image whose /opt/venv this venv is, file for "
+        "file (`apply --image`); absent for a venv installed from wheels",
+    )
     venv_files: dict[str, str] = Field(
         default_factory=dict,
         description="the venv's own files (uv venv's: pyvenv.cfg, bin/python …), venv-relative "
@@ -140,17 +145,24 @@ class Generation:
 
 
 def content_hash(
-    *, lock_text: str, spec_hash: str, store_wheels: dict[str, str], machine: dict[str, str]
+    *,
+    lock_text: str,
+    spec_hash: str,
+    store_wheels: dict[str, str],
+    machine: dict[str, str],
+    image: str | None = None,
 ) -> str:
     """What names a generation: everything that decides its bytes (``machine``: the paths on
-    this machine its unit names)."""
-    payload = {
+    this machine its unit names; ``image``: the digest of the image its venv was taken from)."""
+    payload: dict[str, object] = {
         "format": GENERATION_FORMAT,
         "lock_sha256": sha256_bytes(lock_text.encode()),
         "spec_hash": spec_hash,
         "store_wheels": dict(sorted(store_wheels.items())),
         "machine": dict(sorted(machine.items())),
     }
+    if image is not None:
+        payload["image"] = image
     return sha256_bytes(compact_json(payload))[:HASH_LEN]
 
 

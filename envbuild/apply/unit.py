@@ -81,6 +81,10 @@ class ServeSettings:
     venv: Path
     hf_home: Path
     env_file: Path
+    #: The venv's interpreter, when its scripts' shebangs name another path (a venv taken
+    #: from an image keeps the image's ``#!/opt/venv/bin/python``): ExecStart runs the
+    #: ``vllm`` script with it.
+    python: Path | None = None
 
 
 def pycache_prefix(generation_path: Path) -> Path:
@@ -185,7 +189,10 @@ def render_unit(spec: Spec, spec_hash: str, settings: ServeSettings) -> str:
         model_repo=spec.model.repo if spec.model else "",
         environment=sorted(environment.items()),
         env_file=settings.env_file,
-        exec_start=exec_start(spec, settings.venv, settings.hf_home / "hub"),
+        exec_start=[
+            *([str(settings.python)] if settings.python is not None else []),
+            *exec_start(spec, settings.venv, settings.hf_home / "hub"),
+        ],
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,11 +179,19 @@ def installed(venv: Path) -> dict[str, str]:
     return found
 
 
-def check_exact(venv: Path, lock: Lock, store_wheels: dict[str, StoreWheel]) -> dict[str, str]:
+def check_exact(
+    venv: Path,
+    lock: Lock,
+    store_wheels: dict[str, StoreWheel],
+    made: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """What the venv holds must be what the lock says: nothing extra, nothing unconditional
-    missing, each at its locked version. Returns the installed set."""
+    missing, each at its locked version (``made``: name -> version of the distributions
+    envbuild built or patched, known otherwise than by their store wheels). Returns the
+    installed set."""
     want = {p.name: p.version for p in lock.packages}
     want.update({name: w.version for name, w in store_wheels.items()})
+    want.update(made or {})
     conditional = {p.name for p in lock.packages if p.marker}
     have = installed(venv)
     problems = []

@@ -8,6 +8,7 @@ from pathlib import Path
 from envbuild.apply import host as hostmod
 from envbuild.apply.checks import PreflightReport, Status
 from envbuild.apply.core import ApplyOutcome, Options, apply
+from envbuild.apply.imagesource import find_image, open_image, spec_of
 from envbuild.apply.inputs import load_input
 from envbuild.apply.manage import recover_pending
 from envbuild.apply.paths import HF_HOME
@@ -18,7 +19,7 @@ from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.registry import get_transport
+from envbuild.registry import get_transport, parse_ref, parse_repo
 from envbuild.store.remote import CachedStore, CacheStats
 
 
@@ -75,6 +76,20 @@ def register(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long to wait for vLLM's /health (default: 1800)",
     )
+    g = p.add_argument_group("the venv from an image (the registry as a substituter)")
+    g.add_argument(
+        "--image",
+        metavar="REGISTRY/REPO@sha256:…",
+        help="take the venv from this image (built from SPEC and its lock: its labels say so), "
+        "file for file: only the layers the store lacks are fetched, nothing is installed. "
+        "Without SPEC: specs/<the image's spec>.toml of the current folder",
+    )
+    g.add_argument(
+        "--from",
+        dest="from_repo",
+        metavar="REGISTRY/REPO",
+        help="as --image, with the image of SPEC's lock found in REGISTRY/REPO by its labels",
+    )
     add_cache_args(p)  # source builds and patched wheels: pulled if built elsewhere, else pushed
     add_registry_args(p)
     render.add_json_flag(p)
@@ -86,9 +101,18 @@ def run(args: argparse.Namespace) -> int:
         if args.source is not None:
             raise UsageError("--recover takes no SPEC: it only undoes a switch cut short")
         return _recover(args)
-    if args.source is None:
+    if args.image and args.from_repo:
+        raise UsageError("give --image or --from, not both")
+    if args.source is None and not args.image:
         raise UsageError("give the SPEC or SNAPSHOT to apply (or --recover)")
     host = hostmod.real_host(Path(args.root), args.hf_home)
+    image = None
+    if args.image:
+        ref = parse_ref(args.image, what="--image")
+        image = open_image(ref, endpoint_from_args(args), host.store)
+    if args.source is None:
+        assert image is not None
+        args.source = spec_of(image)
     if args.cache and isinstance(host.wheels, StoreWheels):
         cached = store_with_cache(
             host.wheels.store,
@@ -98,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
         )
         host.wheels = StoreWheels(cached)
     inp = load_input(Path(args.source), host.paths)
+    if args.from_repo:
+        repo = parse_repo(args.from_repo, what="--from")
+        image = find_image(repo, inp, endpoint_from_args(args), host.store)
     options = Options(
+        image=image,
         agreed=args.yes,
         dry_run=args.dry_run,
         wait=args.wait,
@@ -179,6 +207,13 @@ def _show_result(o: ApplyOutcome, dry_run: bool) -> None:
         )
     for line in o.repaired:
         render.echo(f"repaired: {line}")
+    if o.image is not None:
+        i = o.image
+        render.echo(
+            f"image {i['image']}: {i['blobs_fetched']} blob(s) fetched "
+            f"({i['bytes_fetched']} bytes), {i['trees_made']} layer tree(s) made, "
+            f"{i['trees_reused']} already in the store"
+        )
     how = "reused" if o.reused else "built"
     render.echo(f"generation {o.generation} ({how}): {o.generation_path}")
     for what, m in ([("model", o.model)] if o.model else []) + [("repo", r) for r in o.repos]:

@@ -279,3 +279,53 @@ class RegistryApi:
         if not isinstance(data, dict):
             raise IntegrityError(f"registry {self.registry}: manifest {digest} is not an object")
         return data
+
+    def tags(self, limit: int = 10_000) -> list[str]:
+        """The repository's tags (``GET /v2/<repo>/tags/list``), at most ``limit``."""
+        status, _, body = self.request("GET", f"/v2/{self.repository}/tags/list?n={limit}")
+        if status == 404:
+            return []
+        if status != 200:
+            raise self._fail(status, body, "the tag list")
+        try:
+            found = json.loads(body).get("tags") or []
+        except (ValueError, AttributeError):
+            raise RegistryError(
+                f"registry {self.registry} sent a tag list that is no JSON"
+            ) from None
+        return [t for t in found if isinstance(t, str)][:limit]
+
+    def read_blob(self, digest: str, size: int, sink: Any, chunk: int = 1 << 20) -> int:
+        """Stream blob ``digest`` into ``sink`` (anything with ``write``), reading at most
+        ``size`` bytes: a body longer or shorter than the descriptor's size is refused
+        (:class:`IntegrityError`) before or as the bytes arrive, never read whole into memory.
+        The digest is the caller's to check (the store's blob writer does). Returns the bytes."""
+        path = f"/v2/{self.repository}/blobs/{digest}"
+        self.request("HEAD", path)  # logs in (a token for pulls) without reading the body
+        headers = {"Authorization": self._authorization} if self._authorization else {}
+        scheme = self._scheme or "https"
+        req = urllib.request.Request(f"{scheme}://{self.registry}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT, context=self._context(scheme)) as r:
+                length = r.headers.get("Content-Length")
+                if length is not None and length.isdigit() and int(length) != size:
+                    raise IntegrityError(
+                        f"registry {self.registry}: blob {digest} is {length} bytes, its "
+                        f"descriptor says {size}"
+                    )
+                got = 0
+                while got < size and (data := r.read(min(chunk, size - got))):
+                    sink.write(data)
+                    got += len(data)
+                if got != size or r.read(1):
+                    raise IntegrityError(
+                        f"registry {self.registry}: blob {digest} is not the {size} bytes its "
+                        "descriptor says (cut short or longer)"
+                    )
+                return got
+        except urllib.error.HTTPError as exc:
+            raise self._fail(exc.code, exc.read(), f"blob {digest}") from exc
+        except urllib.error.URLError as exc:
+            raise self._unreachable(exc.reason) from exc
+        except (TimeoutError, ConnectionError) as exc:
+            raise self._unreachable(exc) from exc

@@ -77,8 +77,14 @@ class TreeManifest(BaseModel):
         description="folders it makes that hold none of its files (a wheel's empty folders, "
         "which the installer makes from the archive's own entries), relative to the venv root",
     )
+    links: dict[str, str] = Field(
+        default_factory=dict,
+        description="symlinks it makes (path relative to the venv root -> target): an image "
+        "layer's (bin/python -> the interpreter); a wheel's tree has none. A generation makes "
+        "them and records them as its own files",
+    )
 
-    @field_validator("files", "dirs")
+    @field_validator("files", "dirs", "links")
     @classmethod
     def _inside(cls, files: Any) -> Any:
         for rel in files:
@@ -232,6 +238,7 @@ class Trees:
         shared: Iterable[str] = (),
         as_published: Iterable[str] = (),
         dirs: Iterable[str] = (),
+        links: Mapping[str, str] | None = None,
     ) -> TreeManifest:
         """Make tree ``key`` from ``sources`` (venv-relative path -> a staged file on the
         store's file system, whose sha256 ``digests`` gives: the caller hashed it to check it
@@ -284,6 +291,7 @@ class Trees:
                 files=entries,
                 as_published=sorted(as_published),
                 dirs=folders,
+                links=dict(sorted((links or {}).items())),
             )
             (work / MANIFEST).write_bytes(compact_json(manifest.model_dump(mode="json")))
             os.chmod(work / MANIFEST, 0o444)

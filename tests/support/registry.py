@@ -85,6 +85,15 @@ class Registry:
         )
         return [urllib.parse.unquote(d) for d in found]
 
+    def blob_gets(self, since: int = 0) -> list[str]:
+        """Digests of the blobs the registry served (``GET /v2/<repo>/blobs/<digest>``
+        answered 200, or 307 to the storage) after ``since``, read from its access log."""
+        with self.log.open("rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+        served = r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/[\d.]+" (?:200|307)'
+        return list(re.findall(served, text))
+
     def write_docker_config(
         self, folder: Path, *, username: str | None = None, password: str | None = None
     ) -> Path:
