@@ -386,7 +386,7 @@ def test_spec_values_reach_argvs_only_as_values(cli, repo, tmp_path_factory, mon
         # refused: exit 2, and located at the key's own line
         result = cli("validate", path)
         assert result.exit_code == ExitCode.USER_ERROR, result.stderr
-        want = f"specs/x.toml:{_line_of_key(path, key)}: {_dotted(key)}"
+        want = f"{path}:{_line_of_key(path, key)}: {_dotted(key)}"
         assert any(p.key == _dotted(key) for p in exc.problems), exc.problems
         assert want in result.stderr, (want, result.stderr)
         return
