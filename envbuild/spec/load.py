@@ -128,15 +128,14 @@ def find_root(path: Path) -> Path:
 def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
     """Parse one TOML file, named ``shown`` in messages. Problems with the file itself are raised
     as located errors."""
-    named = shown
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputFileError(named, "no such file", hint="check the path") from None
+        raise InputFileError(shown, "no such file", hint="check the path") from None
     except IsADirectoryError:
-        raise InputFileError(named, "is a directory, not a spec file") from None
+        raise InputFileError(shown, "is a directory, not a spec file") from None
     except OSError as exc:
-        raise InputFileError(named, f"cannot be read: {exc.strerror}") from None
+        raise InputFileError(shown, f"cannot be read: {exc.strerror}") from None
     if not data.strip():
         raise SpecError([Problem(shown, None, "", "the file is empty", "write a spec; see README")])
     if b"\x00" in data:
