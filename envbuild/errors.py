@@ -109,6 +109,22 @@ class UserError(EnvbuildError):
     exit_code = ExitCode.USER_ERROR
 
 
+class AnswerTooLarge(UserError):
+    """A server sent more than envbuild reads of one answer (a registry's manifest, index, token
+    or referrer): refused at the limit, named by its URL. What it sent is bad input, not a
+    failure of the network."""
+
+    def __init__(self, url: str, limit: int) -> None:
+        super().__init__(
+            f"{url} answered with more than {limit} bytes, the most envbuild reads of one "
+            "registry answer",
+            hint="a manifest, an index or an SBOM is far smaller: check the registry (or a "
+            "proxy before it) at that URL",
+        )
+        self.url = url
+        self.limit = limit
+
+
 class UsageError(UserError):
     """Bad command-line arguments."""
 

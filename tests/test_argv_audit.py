@@ -29,6 +29,7 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.mmdebstrap import need_mmdebstrap
+from support.outside_proc import OUTSIDE_PROC
 
 from envbuild import proc
 from envbuild.errors import ExitCode, SpecError
@@ -106,7 +107,9 @@ _STARTERS = {
 }
 
 
-def _call_sites() -> Counter[str]:
+def _call_sites(*, direct_only: bool = False) -> Counter[str]:
+    """Every process start in envbuild, by module:function (``direct_only``: only those that
+    do not go through proc)."""
     found: Counter[str] = Counter()
     for path in sorted(ENVBUILD.rglob("*.py")):
         rel = path.relative_to(ENVBUILD).as_posix()
@@ -122,9 +125,13 @@ def _call_sites() -> Counter[str]:
                 if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
                     owner = child.func.value
                     name = child.func.attr
-                    if isinstance(owner, ast.Name) and (
-                        (owner.id, name) in _STARTERS
-                        or (owner.id == "os" and name.startswith(("exec", "spawn")))
+                    if (
+                        isinstance(owner, ast.Name)
+                        and not (direct_only and owner.id == "proc")
+                        and (
+                            (owner.id, name) in _STARTERS
+                            or (owner.id == "os" and name.startswith(("exec", "spawn")))
+                        )
                     ):
                         found[f"{rel}:{'.'.join(s for s in scope if s[0] != '<')}"] += 1
                 visit(child, scope)
@@ -142,6 +149,20 @@ def test_every_process_start_is_in_the_inventory():
         f"process starts not as listed: {new} (in the code), {gone} (in INVENTORY); check what "
         "spec values reach each argv (tests/test_argv_audit.py) and update INVENTORY"
     )
+
+
+def test_only_the_known_exceptions_start_processes_without_proc():
+    direct = {site.split(":")[0] for site in _call_sites(direct_only=True)}
+    assert direct == {"sourcebuild/container_probe.py"}, (
+        f"{sorted(direct)} start processes without envbuild.proc: use proc.run (or, when it "
+        "truly cannot, list it in tests/support/outside_proc.py with why)"
+    )
+    assert direct <= set(OUTSIDE_PROC)
+    # the probe says why in its own docstring, the reason the list gives
+    probe = ENVBUILD / "sourcebuild" / "container_probe.py"
+    doc = ast.get_docstring(ast.parse(probe.read_text("utf-8"))) or ""
+    reason = "cannot import envbuild.proc"
+    assert reason in doc and reason in OUTSIDE_PROC["sourcebuild/container_probe.py"]
 
 
 # --- the fuzz -----------------------------------------------------------------------------------
@@ -386,7 +407,7 @@ def test_spec_values_reach_argvs_only_as_values(cli, repo, tmp_path_factory, mon
         # refused: exit 2, and located at the key's own line
         result = cli("validate", path)
         assert result.exit_code == ExitCode.USER_ERROR, result.stderr
-        want = f"specs/x.toml:{_line_of_key(path, key)}: {_dotted(key)}"
+        want = f"{path}:{_line_of_key(path, key)}: {_dotted(key)}"
         assert any(p.key == _dotted(key) for p in exc.problems), exc.problems
         assert want in result.stderr, (want, result.stderr)
         return

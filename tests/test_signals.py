@@ -24,6 +24,7 @@ import pytest
 from support.debianbase import DEBIAN_SPEC
 from support.mmdebstrap import need_mmdebstrap
 from support.mounts import Mounts, mounted_under, mounts  # noqa: F401
+from support.outside_proc import OUTSIDE_PROC
 
 from envbuild import proc
 
@@ -156,12 +157,6 @@ def test_a_signal_to_envbuild_stops_mmdebstrap_and_what_it_started_and_mounted(
     assert list(scratch.iterdir()) == []
     assert (host_shm / "sem.held").read_text() == "in use\n"
     assert stat.S_IMODE(host_shm.stat().st_mode) == 0o1777
-
-
-#: Modules that may start a process without envbuild.proc: the probe runs inside a builder
-#: container (envbuild is not installed there); snapshot's hashing forks workers of its own,
-#: which it kills when interrupted (a signal raises in the parent's main thread).
-OUTSIDE_PROC = {"sourcebuild/container_probe.py", "snapshot/hashing.py"}
 
 
 def test_every_child_is_started_by_proc() -> None:

@@ -29,7 +29,7 @@ def render_host_setup(loaded: LoadedSpec) -> str:
     cuda = spec.cuda.version if spec.cuda else None
     return templates.render(
         "host-setup.sh.j2",
-        spec_file=loaded.display(loaded.path),
+        spec_file=loaded.repo_path(loaded.path),
         spec_name=spec.name,
         spec_hash=loaded.spec_hash(),
         driver=spec.host.driver,

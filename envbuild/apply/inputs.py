@@ -65,8 +65,8 @@ def from_spec(path: Path | str, *, lock: Path | None = None) -> ApplyInput:
         spec_hash=spec_hash,
         lock=parsed,
         lock_text=text,
-        spec_path=loaded.display(loaded.path),
-        lock_path=shown,
+        spec_path=loaded.repo_path(loaded.path),
+        lock_path=loaded.repo_path(lock_file),
         origin=loaded.display(loaded.path),
         loaded=loaded,
     )

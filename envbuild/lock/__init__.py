@@ -209,7 +209,7 @@ def lock_spec(
         pinner = pinner if pinner is not None else BasePinner()
         pinned = pinner.pin(loaded, target.exclude_newer, candidates)
     lock = build_lock(loaded, target, base=pinned.base)
-    text = dumps(lock, spec_file=loaded.display(loaded.path))
+    text = dumps(lock, spec_file=loaded.repo_path(loaded.path))
     data = text.encode("utf-8")
     changed = old != data
     if changed:
@@ -275,7 +275,7 @@ def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:
         result.changes.append(Change("unreadable", f"{exc.message}; {hint}"))
         return result
     result.changes.extend(compare(loaded, lock, target_of(loaded)))
-    if not result.changes and dumps(lock, spec_file=loaded.display(loaded.path)).encode() != data:
+    if not result.changes and dumps(lock, spec_file=loaded.repo_path(loaded.path)).encode() != data:
         written = _format_of(data)
         if written is not None and written < LOCK_FORMAT:
             message = (

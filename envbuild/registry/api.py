@@ -23,8 +23,14 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import IntegrityError, RegistryError, RegistryUnreachable
-from envbuild.oci import DOCKER_MANIFEST, DOCKER_MANIFEST_LIST, OCI_INDEX, OCI_MANIFEST
+from envbuild.errors import AnswerTooLarge, IntegrityError, RegistryError, RegistryUnreachable
+from envbuild.oci import (
+    DOCKER_MANIFEST,
+    DOCKER_MANIFEST_LIST,
+    MAX_DOCUMENT,
+    OCI_INDEX,
+    OCI_MANIFEST,
+)
 from envbuild.registry.auth import Credentials, config_files, find_credentials
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,22 @@ log = logging.getLogger(__name__)
 MANIFEST_TYPES = (OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_MANIFEST_LIST)
 SYSTEM_CERT_DIRS = (Path("/etc/containers/certs.d"), Path("/etc/docker/certs.d"))
 TIMEOUT = 60.0
+#: The most bytes read of any one answer (a manifest, an index, a referrer's blob, a token): the
+#: limit on a document in an OCI layout. Blobs themselves are skopeo's to copy.
+MAX_ANSWER = MAX_DOCUMENT
+
+
+def read_bounded(stream: Any, url: str, limit: int = MAX_ANSWER) -> bytes:
+    """At most ``limit`` bytes of an answer's body, read as a stream (a body that never ends is
+    read no further than ``limit`` + 1 bytes); more is :class:`AnswerTooLarge`, before any
+    byte is read when the answer's Content-Length says so."""
+    length = stream.headers.get("Content-Length") if stream.headers is not None else None
+    if length is not None and length.strip().isdigit() and int(length) > limit:
+        raise AnswerTooLarge(url, limit)
+    data: bytes = stream.read(limit + 1)
+    if len(data) > limit:
+        raise AnswerTooLarge(url, limit)
+    return data
 
 
 @dataclass(frozen=True)
@@ -108,9 +130,10 @@ class RegistryApi:
         req = urllib.request.Request(url, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT, context=self._context(scheme)) as r:
-                return r.status, r.headers, r.read()
+                return r.status, r.headers, read_bounded(r, url)
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.headers, exc.read()
+            # an error's body only gives the registry's words for a message: cut, not refused
+            return exc.code, exc.headers, exc.read(MAX_ANSWER)
 
     def _send(
         self, method: str, path: str, headers: dict[str, str], body: bytes | None = None

@@ -1,6 +1,8 @@
-"""Never record a secret. Values are judged by the name they are stored under (``HF_TOKEN``,
-``*_PASSWORD`` …) and by their shape (``hf_…``, ``ghp_…``, ``sk-…``, AWS keys, JWTs, passwords in
-URLs). Every replacement is noted so the manifest can list which fields were redacted."""
+"""Never record a secret. Values are judged by the one rule of :mod:`envbuild.spec.secrets`:
+by the name they are stored under (``HF_TOKEN``, ``*_PASSWORD``, ``--api-key`` …:
+:func:`~envbuild.spec.secrets.secret_name`) and by their shape (``hf_…``, ``ghp_…``, ``sk-…``, AWS
+keys, JWTs: :data:`~envbuild.spec.secrets.TOKENS`), and passwords in URLs. Every replacement is
+noted so the manifest can list which fields were redacted."""
 
 from __future__ import annotations
 
@@ -9,29 +11,12 @@ import re
 from dataclasses import dataclass, field
 
 from envbuild.snapshot.model import REDACTED
+from envbuild.spec.secrets import TOKENS, secret_name
 
 log = logging.getLogger(__name__)
 
-_SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH"
-    r"|COOKIE|SESSION_?KEY|SIGNATURE)",
-    re.IGNORECASE,
-)
-_SECRET_VALUE = re.compile(
-    r"(\bhf_[A-Za-z0-9]{20,}"
-    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
-    r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\bsk-[A-Za-z0-9_-]{20,}"
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|\bA[KS]IA[0-9A-Z]{16}\b"
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"
-)
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)(?P<pw>[^/\s@]+)(?=@)")
-_SECRET_FLAG = re.compile(
-    r"^--?[a-z0-9-]*(token|secret|password|passwd|api-key|apikey|access-key|private-key)"
-    r"[a-z0-9-]*$",
-    re.IGNORECASE,
-)
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -45,21 +30,22 @@ class Redactor:
 
     def value(self, where: str, name: str, value: str) -> str:
         """A value stored under ``name`` (an environment variable, a label)."""
-        if value and _SECRET_NAME.search(name):
+        if value and secret_name(name):
             self._note(where)
             return REDACTED
         return self.text(where, value)
 
     def text(self, where: str, text: str) -> str:
         """Free text: secret-shaped substrings and URL passwords are replaced."""
-        out = _SECRET_VALUE.sub(REDACTED, text)
+        out = TOKENS.sub(REDACTED, text)
         out = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, out)
         if out != text:
             self._note(where)
         return out
 
     def argv(self, where: str, argv: list[str]) -> list[str]:
-        """A command line: the value after ``--api-key``/``--token``/… and ``--token=…``."""
+        """A command line: the value after ``--api-key``/``--token``/…, of ``--token=…`` and of
+        ``NAME=…`` when the name says secret; secret-shaped words anywhere."""
         out: list[str] = []
         hide_next = False
         for arg in argv:
@@ -68,8 +54,12 @@ class Redactor:
                 self._note(where)
                 hide_next = False
                 continue
-            flag, eq, _ = arg.partition("=")
-            if _SECRET_FLAG.match(flag):
+            flag, eq, value = arg.partition("=")
+            if eq and value and _VARIABLE.fullmatch(flag) and secret_name(flag):
+                out.append(f"{flag}={REDACTED}")
+                self._note(where)
+                continue
+            if flag.startswith("-") and secret_name(flag):
                 if eq:
                     out.append(f"{flag}={REDACTED}")
                     self._note(where)

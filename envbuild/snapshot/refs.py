@@ -33,9 +33,9 @@ def spec_ref(spec: str) -> SpecRef:
     lock = find_lock(loaded)
     return SpecRef(
         name=loaded.name,
-        path=loaded.display(loaded.path),
+        path=loaded.repo_path(loaded.path),
         spec_hash=loaded.spec_hash(),
-        lock_path=loaded.display(lock) if lock.is_file() else None,
+        lock_path=loaded.repo_path(lock) if lock.is_file() else None,
         lock_sha256=sha256_file(lock) if lock.is_file() else None,
     )
 

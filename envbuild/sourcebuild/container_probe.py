@@ -8,6 +8,14 @@ the compiler is missing) and, for ``cuda``, ``nvcc``: the first nvcc found (``$E
 ``$CUDA_HOME``/``$CUDA_PATH``, PATH, ``/usr/local/cuda``, NVIDIA's nvcc wheels in the venv) with
 the output of ``--version``, ``--list-gpu-code`` and ``--list-gpu-arch``, which
 :func:`envbuild.sourcebuild.toolchain.parse_nvcc` reads on this side, or None.
+
+It starts its processes with :mod:`subprocess` itself, the one module of envbuild that does not
+go through :mod:`envbuild.proc`: it runs inside the builder container, where envbuild is not
+installed, so it cannot import envbuild.proc. What proc gives is had all the same: the
+container's own process (started through proc, in a process group envbuild stops on a signal)
+holds these children, and their argvs are fixed (a compiler's path and a version flag, no spec
+value), so there is nothing to quote or redact. tests/test_argv_audit.py lists it as the known
+exception, with this reason.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,19 @@ MAX_EXTENDS = 32
 MAX_FILES = 256
 
 
+def shown_path(path: Path, given: Mapping[Path, str] | None = None) -> str:
+    """How a spec file is named in every message about it (one rule for every command): as the
+    user typed it when they named it (``given``, by resolved path); else relative to the current
+    folder when it lies under it; else absolute. Each is a path the user can open from where
+    they ran envbuild."""
+    if given and path in given:
+        return given[path]
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except (ValueError, OSError):  # not under the current folder, or that folder is gone
+        return str(path)
+
+
 @dataclass
 class LoadedSpec:
     """A validated spec with where each of its values came from."""
@@ -39,19 +53,27 @@ class LoadedSpec:
     files: list[Path]
     raw: dict[str, Any]
     origins: dict[KeyPath, tuple[Path, int | None]] = field(default_factory=dict)
+    #: the path the user typed for the spec file (None: shown by the rule for the others)
+    given: str | None = None
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def display(self, path: Path) -> str:
+        """``path`` as messages name it (:func:`shown_path`)."""
+        return shown_path(path, {self.path: self.given} if self.given is not None else None)
+
+    def repo_path(self, path: Path) -> str:
+        """``path`` relative to the repository, for what envbuild writes (the lock names its
+        spec so): the same wherever envbuild runs from."""
         try:
-            return str(path.relative_to(self.root))
+            return path.relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
 
     def where(self, key: KeyPath) -> tuple[str, int | None]:
-        """The file (relative to the repository) and line that gave ``key`` its value."""
+        """The file (as :meth:`display` names it) and line that gave ``key`` its value."""
         for end in range(len(key), 0, -1):
             found = self.origins.get(tuple(key[:end]))
             if found is not None:
@@ -103,18 +125,17 @@ def find_root(path: Path) -> Path:
     return path.parent
 
 
-def read_toml(path: Path, shown: str, given: str | None = None) -> tuple[dict[str, Any], str]:
-    """Parse one TOML file. Problems with the file itself are raised as located errors; one that
-    cannot be read is named ``given`` (the path the user typed), else ``shown``."""
-    named = given or shown
+def read_toml(path: Path, shown: str) -> tuple[dict[str, Any], str]:
+    """Parse one TOML file, named ``shown`` in messages. Problems with the file itself are raised
+    as located errors."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputFileError(named, "no such file", hint="check the path") from None
+        raise InputFileError(shown, "no such file", hint="check the path") from None
     except IsADirectoryError:
-        raise InputFileError(named, "is a directory, not a spec file") from None
+        raise InputFileError(shown, "is a directory, not a spec file") from None
     except OSError as exc:
-        raise InputFileError(named, f"cannot be read: {exc.strerror}") from None
+        raise InputFileError(shown, f"cannot be read: {exc.strerror}") from None
     if not data.strip():
         raise SpecError([Problem(shown, None, "", "the file is empty", "write a spec; see README")])
     if b"\x00" in data:
@@ -262,17 +283,14 @@ def _leaves(value: Any, prefix: KeyPath) -> list[KeyPath]:
 class _Loader:
     def __init__(self, root: Path, given: dict[Path, str] | None = None) -> None:
         self.root = root
-        #: the path the user typed, by file: a file that cannot be read is named so
+        #: the path the user typed, by file: that file is named so in every message
         self.given = given or {}
         self.files: list[Path] = []
         self.origins: dict[KeyPath, tuple[Path, int | None]] = {}
         self.problems: list[Problem] = []
 
     def shown(self, path: Path) -> str:
-        try:
-            return str(path.relative_to(self.root))
-        except ValueError:
-            return str(path)
+        return shown_path(path, self.given)
 
     def where(self, key: KeyPath, top: Path) -> tuple[str, int | None]:
         """The file and line that gave ``key`` its value (``top``, no line, when none did)."""
@@ -283,7 +301,7 @@ class _Loader:
         return self.shown(top), None
 
     def load(self, path: Path, stack: tuple[Path, ...]) -> dict[str, Any]:
-        data, text = read_toml(path, self.shown(path), self.given.get(path))
+        data, text = read_toml(path, self.shown(path))
         self.files.append(path)
         lines = locate_keys(text)
         merged: dict[str, Any] = {}
@@ -397,7 +415,7 @@ def load_spec(path: Path | str, *, root: Path | None = None) -> LoadedSpec:
         loader.problems.extend(validation_problems(exc, raw, where, skip_missing=extends_failed))
     if spec is None:
         raise SpecError(loader.problems)
-    loaded = LoadedSpec(spec, path, root, loader.files, raw, loader.origins)
+    loaded = LoadedSpec(spec, path, root, loader.files, raw, loader.origins, given)
     problems = loader.problems + _check_paths(loaded)
     if problems:
         raise SpecError(problems)

@@ -4,7 +4,8 @@ image config, the unit or a manifest (``image.env``, ``image.labels``, ``image.c
 
 A value is a literal secret when it has a credential's shape (:data:`TOKEN_PATTERNS`), or when it
 stands under a name that says "secret" (:func:`secret_name`: ``HF_TOKEN``, ``VLLM_API_KEY``,
-``--api-key``, ``--hf-token``, a label ``api_key``) and is not a ``${VAR}`` reference. In a
+``--api-key``, ``--hf-token``, a label ``api_key``) and is not a ``${VAR}`` reference. The
+snapshot's redaction (:mod:`envbuild.snapshot.redact`) hides what these same two rules find. In a
 command line a name and its value are ``--name value``, ``--name=value`` or ``NAME=value``, and an
 argument holding spaces (``sh -c "… --api-key xyz"``) is split into the words a shell would see.
 """
@@ -21,16 +22,22 @@ from envbuild.spec.model import SECRET_REF
 #: Values that look like a credential pasted in, instead of a ``${VAR}`` reference.
 TOKEN_PATTERNS = {
     "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
-    "a GitHub token": re.compile(r"\b(ghp|gho|ghs|ghu)_[A-Za-z0-9]{30,}|\bgithub_pat_\w{30,}"),
+    "a GitHub token": re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_\w{20,}"),
     "an OpenAI-style API key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),
-    "an AWS access key": re.compile(r"\bAKIA[0-9A-Z]{16}\b"),
+    "an AWS access key": re.compile(r"\bA[KS]IA[0-9A-Z]{16}\b"),
+    "a Slack token": re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),
+    "a JSON Web Token": re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
 }
+#: Every shape of :data:`TOKEN_PATTERNS` in one pattern (to find or replace them all at once).
+TOKENS = re.compile("|".join(f"(?:{p.pattern})" for p in TOKEN_PATTERNS.values()))
 
-#: A name that says its value is a secret: one of these words in it, whole (``HF_TOKEN``,
-#: ``AWS_SECRET_ACCESS_KEY``, ``api-key``), not a word that only starts like one
-#: (``TOKENIZERS_PARALLELISM``, ``--max-num-batched-tokens``, ``--tokenizer``).
+#: A name that says its value is a secret: it ends one of these words (``HF_TOKEN``,
+#: ``AWS_SECRET_ACCESS_KEY``, ``api-key``, ``GITHUBTOKEN``, ``DB_PASSWORD_FILE``), not at a word
+#: that only starts like one (``TOKENIZERS_PARALLELISM``, ``--max-num-batched-tokens``,
+#: ``--tokenizer``, a label ``authors``).
 SECRET_NAME = re.compile(
-    r"(?:^|_)(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY)(?:_|$)"
+    r"(?:TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|SESSION_?KEY"
+    r"|CREDENTIALS?|AUTHORIZATION|COOKIE)(?:_|$)"
 )
 
 

@@ -94,7 +94,7 @@ def test_a_missing_or_stale_lock_is_a_user_error(
     r = cli("apply", spec, "--root", machine.root)
     assert r.exit_code == 2
     assert "lockfiles/pylock.tiny-a.toml: no such lock" in r.stderr
-    assert "envbuild lock specs/tiny-a.toml" in r.stderr
+    assert f"envbuild lock {spec}" in r.stderr  # the spec as typed
 
     spec = experiment("tiny-a")
     spec.write_text(spec.read_text().replace("max_model_len = 4096", "max_model_len = 8192"))

@@ -255,7 +255,7 @@ def test_the_placeholder_revision_is_refused_before_anything_is_built(
     assert r.exit_code == 2, r.stderr
     [check] = [c for c in r.json()["preflight"]["checks"] if c["name"] == "model-revision"]
     assert check["status"] == "fail" and check["kind"] == "fit"
-    assert check["message"].startswith(f"specs/tiny-a.toml:{line}: model.revision is the all-zero")
+    assert check["message"].startswith(f"{spec}:{line}: model.revision is the all-zero")
     assert check["hint"] == (
         "put the commit sha from https://huggingface.co/org/tiny-a/commits/main there"
     )

@@ -6,12 +6,16 @@ entry, the CLI's exit code and every problem ``envbuild validate`` must report (
 severity and a substring of the message). ``_shared/`` is copied to ``specs/base/`` of every
 case, so a case can ``extends = "base/host.toml"``.
 
-Each case runs in a fresh repository: ``<tmp>/.git`` and the case's files under ``<tmp>/specs/``.
+Each case runs in a fresh repository: ``<tmp>/.git`` and the case's files under ``<tmp>/specs/``,
+validated from the repository's root as ``specs/<entry>``: the files in expected.json are named
+as a user who typed that sees them (the spec as typed, the files it extends relative to the
+current folder; tests/spec/test_shown_paths.py covers the other ways of naming it).
 Refresh the golden files with ``python -m tests.spec.regen`` (see docs/spec.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -42,12 +46,16 @@ def entries(name: str) -> list[str]:
     return [e for e in ENTRIES if (CASES / name / e).exists()]
 
 
-def problems_of(spec: Path) -> tuple[int, list[Problem]]:
-    """What validating ``spec`` gives: the exit code the CLI must return, and every problem."""
-    try:
-        report = validate(spec)
-    except SpecError as exc:
-        return ExitCode.USER_ERROR, exc.problems
+def problems_of(spec: Path, *, cwd: Path | None = None) -> tuple[int, list[Problem]]:
+    """What validating ``spec`` gives: the exit code the CLI must return, and every problem.
+    It is validated as a user would name it from ``cwd`` (by default the case's repository, so
+    ``specs/spec.toml``, and the files it extends ``specs/base/…``: what the golden files say)."""
+    cwd = cwd or spec.parent.parent
+    with contextlib.chdir(cwd):
+        try:
+            report = validate(spec.relative_to(cwd))
+        except SpecError as exc:
+            return ExitCode.USER_ERROR, exc.problems
     return ExitCode.OK, report.warnings
 
 

@@ -128,7 +128,7 @@ def test_refused_at_its_key(cli, repo, table, line, key):
         path.write_text(path.read_text().replace('kind = "debian"\n', ""), "utf-8")
     result = cli("validate", path)
     assert result.exit_code == ExitCode.USER_ERROR, result.stderr
-    where = f"specs/x.toml:{_line(path, line.splitlines()[-1])}: {key}: error:"
+    where = f"{path}:{_line(path, line.splitlines()[-1])}: {key}: error:"
     assert where in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 

@@ -16,7 +16,7 @@ from spec.cases import materialize, problems_of
 )
 def test_bad_spec_in_a_real_process(case, tmp_path):
     specs = materialize(case, tmp_path)
-    code, problems = problems_of(specs / "spec.toml")
+    code, problems = problems_of(specs / "spec.toml", cwd=specs)
     done = subprocess.run(
         [sys.executable, "-m", "envbuild", "validate", "spec.toml"],
         cwd=specs,

@@ -90,7 +90,7 @@ def test_literal_secret_refused_at_its_key(cli, repo, tail, key):
         assert not secret_lines, result.stderr
         return
     assert result.exit_code == ExitCode.USER_ERROR, result.stderr
-    want = f"specs/x.toml:{_line(path, key)}: {key}: error:"
+    want = f"{path}:{_line(path, key)}: {key}: error:"
     assert any(ln.startswith(want) for ln in secret_lines), (want, result.stderr)
     for value in ("abc123", "hunter2", "abc 123"):
         assert value not in result.stderr  # never echoed

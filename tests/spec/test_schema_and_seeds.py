@@ -77,10 +77,12 @@ def test_glm5_declares_the_gguf_plugin_flash_attn_and_a_real_patch():
 
 def test_show_prints_the_merged_spec(cli, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_NOTtoBEprintedNOTtoBEprinted1234")
-    result = cli("show", REPO / "specs" / "kimi-nvfp4.toml")
+    monkeypatch.chdir(REPO)
+    typed = str(REPO / "specs" / "kimi-nvfp4.toml")  # named as typed; its base under the cwd
+    result = cli("show", typed)
     assert result.exit_code == ExitCode.OK, result.stderr
     head, _, body = result.stdout.partition("\n# spec hash: ")
-    assert "specs/kimi-nvfp4.toml" in head and "specs/base/rtx-pro-6000-8x.toml" in head
+    assert f"# {typed} (merged from {typed}, specs/base/rtx-pro-6000-8x.toml)" in head
     shown = tomllib.loads(body.split("\n", 1)[1])
     # What show prints is the merged spec: it validates as one file, base keys included.
     spec = Spec.model_validate(shown)
@@ -89,12 +91,12 @@ def test_show_prints_the_merged_spec(cli, monkeypatch):
     assert shown["serve"]["env"]["HF_TOKEN"] == "${HF_TOKEN}"
     assert "NOTtoBE" not in result.stdout
 
-    as_json = cli("show", "--json", REPO / "specs" / "kimi-nvfp4.toml")
+    as_json = cli("show", "--json", typed)
     data = as_json.json()
     assert data["spec"] == spec.model_dump(mode="json") | {
         k: v for k, v in data["spec"].items() if v is None
     }
-    assert data["files"] == ["specs/kimi-nvfp4.toml", "specs/base/rtx-pro-6000-8x.toml"]
+    assert data["files"] == [typed, "specs/base/rtx-pro-6000-8x.toml"]
     assert data["spec_hash"] in result.stdout
 
 

@@ -56,11 +56,12 @@ def test_case_stack_problems_say_how_to_fix(case, tmp_path):
             assert problem.line is not None, problem.render()
 
 
-def test_case_through_cli(case, tmp_path, cli):
+def test_case_through_cli(case, tmp_path, cli, monkeypatch):
     specs = materialize(case, tmp_path)
+    monkeypatch.chdir(tmp_path)
     for entry in entries(case):
         code, problems = problems_of(specs / entry)
-        result = cli("validate", specs / entry)
+        result = cli("validate", f"specs/{entry}")
         assert result.exit_code == code
         assert "Traceback" not in result.stderr + result.stdout
         lines = [p.render() for p in problems]
@@ -73,7 +74,7 @@ def test_case_through_cli(case, tmp_path, cli):
             ending = ": ok" if not n else (" (1 warning)" if n == 1 else f" ({n} warnings)")
             assert result.stdout.splitlines()[-1].endswith(ending)
 
-        as_json = cli("validate", "--json", specs / entry)
+        as_json = cli("validate", "--json", f"specs/{entry}")
         assert as_json.exit_code == code
         (only,) = as_json.json()["results"]
         assert only["ok"] is (code == ExitCode.OK)

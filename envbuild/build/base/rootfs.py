@@ -194,8 +194,13 @@ def import_image(
             tree.next_layer()
         scan = scan_layer(store.blob_path(stored), media_type, tree)
         if scan.diff_id != diff_id:
-            raise IntegrityError(
-                f"{where}: layer {i} uncompresses to {scan.diff_id}, the config says {diff_id}"
+            # the blob is the bytes its digest names; the config describes it wrongly: the
+            # image is bad input (exit 2), not bytes damaged on the way (an IntegrityError)
+            raise ManifestError(
+                f"{where}: layer {i} ({digest}) uncompresses to {scan.diff_id}, but the config's "
+                f"rootfs.diff_ids[{i}] says {diff_id}",
+                hint="the image's config does not describe its layers: build or export the "
+                "base image again",
             )
         layers.append(
             Layer(

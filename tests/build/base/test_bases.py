@@ -27,7 +27,7 @@ from envbuild.build.layers import (
     write_layer,
 )
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.errors import IntegrityError, ToolFailed
+from envbuild.errors import ExitCode, IntegrityError, ManifestError, ToolFailed
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
 
@@ -219,6 +219,31 @@ def test_an_oci_layout_base_is_imported_and_verified(tmp_path):
     layer_file.write_bytes(b"tampered")
     with pytest.raises(IntegrityError):
         rootfs.from_oci_layout(Store(tmp_path / "s2"), layout, pin)
+
+
+def test_a_wrong_diff_id_is_bad_input_naming_the_layer(tmp_path):
+    """The layer is the bytes its digest names, the config says it uncompresses to something
+    else: the base is wrong (exit 2, the layer named), not damaged on the way (exit 3)."""
+    store = Store(tmp_path / "src")
+    raw = make_tar(tmp_path / "ok.tar", good_rootfs_members()).read_bytes()
+    blob = store.add_bytes(gzip.compress(raw, mtime=0))
+    from envbuild.build.layers import Layer
+
+    wrong = "sha256:" + hashlib.sha256(raw + b"x").hexdigest()
+    layer = Layer(
+        digest=blob, diff_id=wrong, size=store.blob_path(blob).stat().st_size,
+        media_type="application/vnd.oci.image.layer.v1.tar+gzip", compression=Compression.GZIP,
+        compressor="test", uncompressed_size=len(raw), entries=1, files=1, file_bytes=1,
+    )  # fmt: skip
+    image = write_image(store, layers=[layer], config=OciImageConfig())
+    layout = write_oci_layout(store, image, tmp_path / "layout", ref_name="wrong")
+    pin = OciLayoutBaseLock(kind="oci-layout", path="layout", digest=image.manifest_digest)
+    with pytest.raises(ManifestError) as err:
+        rootfs.from_oci_layout(Store(tmp_path / "store"), layout, pin)
+    assert err.value.exit_code == ExitCode.USER_ERROR
+    right = "sha256:" + hashlib.sha256(raw).hexdigest()
+    assert f"layer 0 ({blob}) uncompresses to {right}" in err.value.message
+    assert f"rootfs.diff_ids[0] says {wrong}" in err.value.message
 
 
 def test_an_oci_layout_with_a_malicious_layer_is_refused(tmp_path):
