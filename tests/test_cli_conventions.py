@@ -4,6 +4,7 @@ return; shell completion (a generated script, completed by a real bash)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -116,3 +117,16 @@ def test_zsh_and_fish_scripts_are_generated(shell: str, tmp_path: Path) -> None:
     script = tmp_path / f"envbuild.{shell}"
     script.write_text(made)
     subprocess.run([binary, "-n", script], check=True)
+
+
+def test_a_name_that_is_not_utf8_prints_escaped_not_as_a_traceback() -> None:
+    """A base's setuid file or a path can be bytes that are not UTF-8 (Python keeps them as
+    surrogates): what envbuild prints on stdout shows them escaped and the command goes on."""
+    code = (
+        "import sys; from envbuild import cli; cli._escape_undecodable_output(); "
+        "from envbuild.cli import render; render.note('usr/bin/\\udcff'); sys.exit(0)"
+    )
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"usr/bin/\\udcff" in done.stdout + done.stderr

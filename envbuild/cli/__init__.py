@@ -73,8 +73,18 @@ def _full_disk(exc: OSError) -> EnvbuildError | None:
     return fsio.no_space(path.parent, doing=f"writing {path.name}")
 
 
+def _escape_undecodable_output() -> None:
+    """A file name that is not UTF-8 (kept as surrogates, as the OS gave it) prints as ``\\udcXX``
+    instead of ending the command with a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_in = list(sys.argv[1:] if argv is None else argv)
+    _escape_undecodable_output()
     command = _command_in(args_in)
     if "--version" in args_in and set(args_in) <= {"--version", "-v", "-q"}:
         print(f"envbuild {__version__}")  # what argparse's version action prints, sooner
