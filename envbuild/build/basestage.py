@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from envbuild import progress
 from envbuild.build import layers
 from envbuild.build.manifest import BaseResult
 from envbuild.fsio import canonical_json
 from envbuild.lock import Lock
 from envbuild.lock.model import DebianBaseLock
-from envbuild.progress import Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 
@@ -26,11 +26,10 @@ def base_stage(
     lock: Lock,
     store: Store,
     compression: layers.Compression,
-    progress: Progress,
-    kept: list[str],
 ) -> BaseResult:
     """The base's layers from the store, built or pulled once per store (see
     envbuild.build.base)."""
+    kept: list[str] = []
     from envbuild.build.base import build_base
 
     pinned = lock.envbuild.base
@@ -47,6 +46,7 @@ def base_stage(
             "lock": got.lock.model_dump(mode="json", by_alias=True),
             **({} if got.setid is None else {"setid": got.setid}),
         },
+        keys=kept,
     )
 
 
