@@ -12,9 +12,10 @@ import logging
 
 from packaging.utils import canonicalize_name
 
+from envbuild import proc
 from envbuild.build import layers
 from envbuild.build.config import image_config
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef, uv_version
+from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
 from envbuild.build.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -25,6 +26,7 @@ from envbuild.build.plan import (
     PlanOptions,
     key_of,
     layer_plan,
+    shared_inputs,
 )
 from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
@@ -97,7 +99,7 @@ def make_plan(
     target = target_of(loaded, lock)
     builds = {canonicalize_name(b.name): b for b in meta.builds}
     wheels = select_wheels(lock, skip=frozenset(builds))
-    installer = installer or uv_version()
+    installer = installer or proc.uv_version()
     pack = pack_options(compression, compressor)
     sde = layers.source_date_epoch()
     base = _plan_base(loaded, lock, pack)
@@ -112,10 +114,7 @@ def make_plan(
     options = PlanOptions(max_layers=spec.image.max_layers)
     planned = layer_plan(
         wheels,
-        target=target,
-        installer=installer,
-        pack=pack,
-        source_date_epoch=sde,
+        shared=shared_inputs(target, installer, pack, sde),
         options=options,
         base_layers=base.layers,
         top=top,
