@@ -1,6 +1,6 @@
 """Images: the OCI image config and manifest of a list of layers, written into the store.
 
-Public API (stable; E and H build on it)::
+Use::
 
     config = OciImageConfig(env={"PATH": ...}, cmd=[...], labels={...})
     image = write_image(store, layers=[*base.layers, *mine], config=config,

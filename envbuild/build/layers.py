@@ -1,8 +1,7 @@
 """Layers: tar streams of layer entries, hashed and compressed on the fly, written into the store.
 
-Public API (stable; E and H build on it)::
+Use::
 
-    layer = layer_from_tree(store, staging_dir, prefix="opt/venv")    # -> Layer
     layer = write_layer(store, entries, compression=Compression.ZSTD)  # entries: Iterable[Entry]
     compressor_id(Compression.ZSTD)   # "zstd 1.5.4 -3": put it in a layer's derivation inputs
     with open_uncompressed(store.blob_path(layer.digest), layer.media_type) as f: ...
@@ -32,8 +31,8 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict
 
 from envbuild import oci, proc
-from envbuild.build.entries import Entry, LayerError, arrange, normalize_path, tree_entries
-from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar, write_tree
+from envbuild.build.entries import Entry, LayerError, arrange
+from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar
 from envbuild.errors import UserError
 from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.store.core import Store
@@ -231,33 +230,6 @@ def write_layer(
     level = DEFAULT_LEVEL[compression] if level is None else level
     when = source_date_epoch() if mtime is None else mtime
     return _write(store, compression, level, lambda s: write_tar(arranged, s, when, progress))
-
-
-def layer_from_tree(
-    store: Store,
-    root: Path,
-    *,
-    prefix: str = "",
-    compression: Compression = Compression.ZSTD,
-    level: int | None = None,
-    mtime: int | None = None,
-    extra: Iterable[Entry] = (),
-    progress: Callable[[int], None] | None = None,
-) -> Layer:
-    """Pack the tree at ``root`` (placed under ``prefix``), plus ``extra`` entries (whiteouts).
-    Without ``extra`` the tree is written as it is walked (no list of entries first)."""
-    extra = list(extra)
-    if extra:
-        entries = [*tree_entries(root, prefix=prefix), *extra]
-        return write_layer(
-            store, entries, compression=compression, level=level, mtime=mtime, progress=progress
-        )
-    base = normalize_path(prefix)
-    level = DEFAULT_LEVEL[compression] if level is None else level
-    when = source_date_epoch() if mtime is None else mtime
-    return _write(
-        store, compression, level, lambda s: write_tree(Path(root), base, s, when, progress)
-    )
 
 
 def compression_of(media_type: str) -> Compression:

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from support.containerd import private_containerd
 from support.debianbase import DebianRootfs, need
 from support.podman import RUN_LIMITS, private_podman
+from support.treelayer import layer_from_tree
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
 from envbuild.build.image import History, Image, OciImageConfig, write_image
-from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
 from envbuild.store.core import Store

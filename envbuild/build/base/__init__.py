@@ -1,6 +1,6 @@
 """The bottom of an image: a Debian package set, a registry image, a local OCI layout or rootfs.
 
-Public API (stable; E builds on it)::
+Use::
 
     base = build_base(store, loaded, lock.tool.envbuild.base)   # -> BaseImage
     base.layers, base.config, base.history, base.lock           # lock: the BaseLock to record
