@@ -219,7 +219,7 @@ class Trees:
 
     # -- making and removing -----------------------------------------------------------------
 
-    def create(
+    def create(  # noqa: PLR0913
         self,
         key: str,
         *,
