@@ -68,11 +68,13 @@ class Layer(BaseModel):
     file_bytes: int
 
 
-def source_date_epoch() -> int:
-    """``$SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), else 0."""
+def source_date_epoch() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` (the reproducible-builds convention), None when unset. A build
+    reads it once, into its plan (:func:`envbuild.build.planner.make_plan`), and its stages
+    take it from there."""
     value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not value:
-        return 0
+        return None
     if not value.isdigit():
         raise UserError(
             f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds",
@@ -221,15 +223,15 @@ def write_layer(
     *,
     compression: Compression = Compression.ZSTD,
     level: int | None = None,
-    mtime: int | None = None,
+    mtime: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> Layer:
-    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it.
-    ``progress`` is called with the byte count of each file packed."""
+    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it, every
+    member's mtime ``mtime`` (a build's: its plan's SOURCE_DATE_EPOCH). ``progress`` is called
+    with the byte count of each file packed."""
     arranged = arrange(entries)
     level = DEFAULT_LEVEL[compression] if level is None else level
-    when = source_date_epoch() if mtime is None else mtime
-    return _write(store, compression, level, lambda s: write_tar(arranged, s, when, progress))
+    return _write(store, compression, level, lambda s: write_tar(arranged, s, mtime, progress))
 
 
 def compression_of(media_type: str) -> Compression:

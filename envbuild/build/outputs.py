@@ -168,7 +168,11 @@ def write_outputs(
     if docker_archive:
         archive = out / dockerarchive.DOCKER_ARCHIVE
         dockerarchive.write_docker_archive(
-            store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"]
+            store,
+            img,
+            archive,
+            repo_tags=[f"envbuild/{plan.spec}:latest"],
+            mtime=plan.source_date_epoch,
         )
     ocilayout.write_index(out / OCI_DIR, img, plan.spec, referrers)
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))

@@ -257,7 +257,7 @@ def _lower(
 
     def make_base() -> BaseResult:
         with stage("base", timings):
-            return base_stage(loaded, lock, store, comp)
+            return base_stage(loaded, lock, store, comp, plan.source_date_epoch)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="envbuild-base") as side:
         base = side.submit(progress.carried(make_base))
@@ -353,7 +353,7 @@ def _image(
         contents,
         out,
         docker_archive=docker_archive,
-        created=image.created_for(lock.envbuild.exclude_newer),
+        created=image.created_for(lock.envbuild.exclude_newer, plan.created),
         sbom=sbom_of,
     )
     return Made(manifest, sbom_keys[0])
@@ -398,4 +398,5 @@ def _builder(
         python=f"{plan.target['venv']}/bin/python",
         network=options.network,
         engine=options.engine or DockerEngine(),
+        epoch=plan.source_date_epoch if plan.created is not None else None,
     )

@@ -138,7 +138,10 @@ class Plan(_Model):
     spec: str
     spec_hash: str
     lock_hash: str
-    source_date_epoch: int
+    source_date_epoch: int = Field(description="SOURCE_DATE_EPOCH (0 when unset): every mtime")
+    created: str | None = Field(
+        None, description="SOURCE_DATE_EPOCH as RFC 3339 when set: the image's time"
+    )
     target: dict[str, str | None]
     installer: str = Field(description="`uv --version` of the installing uv")
     pack: dict[str, str | int] = Field(description="the pack stage's format and compression")

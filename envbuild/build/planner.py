@@ -13,7 +13,7 @@ import logging
 from packaging.utils import canonicalize_name
 
 from envbuild import proc
-from envbuild.build import layers
+from envbuild.build import image, layers
 from envbuild.build.config import image_config
 from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
 from envbuild.build.plan import (
@@ -101,7 +101,8 @@ def make_plan(
     wheels = select_wheels(lock, skip=frozenset(builds))
     installer = installer or proc.uv_version()
     pack = pack_options(compression, compressor)
-    sde = layers.source_date_epoch()
+    epoch = layers.source_date_epoch()  # the build's one read of $SOURCE_DATE_EPOCH
+    sde = epoch or 0
     base = _plan_base(loaded, lock, pack)
     top = []
     kinds: dict[str, LayerKind] = {}
@@ -155,6 +156,7 @@ def make_plan(
         spec_hash=loaded.spec_hash(),
         lock_hash=lock_hash,
         source_date_epoch=sde,
+        created=image.epoch_time(epoch),
         target={k: v for k, v in target.key().items() if isinstance(v, str | None)},
         installer=installer,
         pack=pack,

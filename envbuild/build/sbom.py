@@ -300,7 +300,7 @@ def image_sbom(
     ``made`` the files of the wheels the build made (source builds, patches). Returns them and
     the derivation's key; :func:`~envbuild.build.outputs.write_outputs` puts them into the
     output folder."""
-    created = image.created_for(lock.envbuild.exclude_newer)
+    created = image.created_for(lock.envbuild.exclude_newer, plan.created)
     inputs = {
         "format": SBOM_FORMAT,
         "manifest": canonical_json(manifest.model_dump(mode="json")),
