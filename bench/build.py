@@ -46,6 +46,7 @@ import wholeproc  # noqa: E402
 from envbuild.build import layerbuild, layers, planner  # noqa: E402
 from envbuild.build import pipeline as build_mod  # noqa: E402
 from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
+from envbuild.build.entries import tree_entries  # noqa: E402
 from envbuild.build.install import VenvTarget, install  # noqa: E402
 from envbuild.lock import lock_path, lock_spec  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
@@ -263,7 +264,8 @@ def bench_packing(tree: Path, work: Path, runs: int) -> dict[str, Any]:
         def go() -> None:
             nonlocal tar_bytes
             shutil.rmtree(scratch_dir, ignore_errors=True)
-            got = layers.layer_from_tree(Store(scratch_dir), tree, compression=c, mtime=0)
+            entries = tree_entries(tree)
+            got = layers.write_layer(Store(scratch_dir), entries, compression=c, mtime=0)
             tar_bytes = got.uncompressed_size
 
         return go

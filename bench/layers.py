@@ -7,7 +7,8 @@ For each tree (default: this Python's site-packages) and each compressor, runs r
   GNU tar, unsorted, no hashing at all — the pipeline the target is stated against;
 * the same pipeline with both sha256s envbuild computes (``tee`` into ``sha256sum`` on the tar
   and on the compressed stream): what the two digests cost a shell pipeline;
-* envbuild: ``layers.layer_from_tree`` (sorted, normalized GNU tar, diff_id and digest, written
+* envbuild: ``layers.write_layer`` of ``entries.tree_entries``, as the build packs (sorted,
+  normalized GNU tar, diff_id and digest, written
   into a fresh store with fsync), in a child Python that times itself (no interpreter start);
 * with ``--baseline SRC``: the same from another checkout of envbuild (``git archive REV
   envbuild | tar -x -C SRC``), whose digests must be the same bytes;
@@ -53,7 +54,8 @@ HASHED = {
 PACK = """
 import json, resource, shutil, sys, time
 from pathlib import Path
-from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.entries import tree_entries
+from envbuild.build.layers import Compression, write_layer
 from envbuild.store.core import Store
 src, store, compression = sys.argv[1:4]
 shutil.rmtree(store, ignore_errors=True)
@@ -65,9 +67,8 @@ def own():
     me = resource.getrusage(resource.RUSAGE_SELF)
     return me.ru_utime + me.ru_stime
 c0, o0, t0 = cpu(), own(), time.perf_counter()
-layer = layer_from_tree(
-    Store(store), Path(src), prefix="opt/venv", compression=Compression(compression), mtime=0
-)
+entries = tree_entries(Path(src), prefix="opt/venv")
+layer = write_layer(Store(store), entries, compression=Compression(compression), mtime=0)
 print(json.dumps({"s": time.perf_counter() - t0, "cpu": cpu() - c0, "own": own() - o0,
                   "size": layer.uncompressed_size,
                   "digest": layer.digest, "diff_id": layer.diff_id, "files": layer.files}))

@@ -30,9 +30,12 @@ log = logging.getLogger(__name__)
 class BuildOutput(Protocol):
     """What the CI needs of a build's result (:class:`envbuild.build.pipeline.ImageBuild`)."""
 
-    output: Path | None
-    reused: list[str]
-    rebuilt: list[str]
+    @property
+    def output(self) -> Path | None: ...
+    @property
+    def reused(self) -> list[str]: ...
+    @property
+    def rebuilt(self) -> list[str]: ...
 
 
 BuildFn = Callable[[LoadedSpec, Store], BuildOutput]

@@ -42,7 +42,6 @@ ENVBUILD = Path(__file__).resolve().parent.parent / "envbuild"
 #: digests). The fuzz below drives the ones that take spec values.
 INVENTORY: dict[str, tuple[int, str]] = {
     "adopt/serving.py:flag_table": (1, ""),  # the adopted environment's python (--python)
-    "apply/assemble.py:uv_version": (1, ""),
     "apply/servecheck.py:parse_commands": (1, "the unit's argv, on stdin as JSON"),
     "apply/servecheck.py:resolve_models": (1, "the unit's model references, on stdin as JSON"),
     "apply/services.py:Systemctl._run": (1, "unit names: envbuild-<spec name>.service"),
@@ -58,7 +57,6 @@ INVENTORY: dict[str, tuple[int, str]] = {
     "build/base/registry.py:_raw_manifest": (1, "base.ref as docker://REF@DIGEST"),
     "build/base/registry.py:pull.builder": (1, "base.ref as docker://REF@DIGEST"),
     "build/install.py:install": (1, "python.version, python.platform as --opt="),
-    "build/install.py:uv_version": (1, ""),
     "build/layers.py:_tool_version": (1, ""),
     "build/layers.py:_write": (1, ""),
     "build/layers.py:open_uncompressed": (1, ""),

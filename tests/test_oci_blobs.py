@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.treelayer import layer_from_tree
 
 from envbuild import oci
 from envbuild.build.base import rootfs
 from envbuild.build.image import History, OciImageConfig, write_image
-from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.layers import Compression
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import InputFileError, IntegrityError
 from envbuild.lock.model import OciLayoutBaseLock

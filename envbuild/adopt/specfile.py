@@ -88,7 +88,7 @@ class Outputs:
         return lock_spec(loaded)
 
 
-def spec_data(
+def spec_data(  # noqa: PLR0913
     *,
     name: str,
     python: dict[str, Any],

@@ -69,11 +69,6 @@ class Assembled:
     own: list[str] = field(default_factory=list)
 
 
-def uv_version() -> str:
-    done = proc.run([proc.find_uv(), "--version"], tool="uv", env=proc.uv_env())
-    return done.stdout.strip()
-
-
 def layout(python: str, installer: str) -> dict[str, Any]:
     """What, besides the wheel, decides an installed tree's bytes."""
     # "folders": trees record the empty folders a wheel ships (trees made before did not, so
@@ -112,7 +107,7 @@ class Assembler:
         self.store = store
         self.trees = Trees(store)
         self.python = python
-        self.layout = layout(python, uv_version())
+        self.layout = layout(python, proc.uv_version())
 
     def assemble(
         self, venv: Path, install_lock: Path, overlaps: Mapping[str, str] | None = None
@@ -291,7 +286,7 @@ class Assembler:
         data = tomllib.loads(install_lock.read_text())
         return [m for m, _key in self._stage(data, [packages], install_lock)]
 
-    def _tree(
+    def _tree(  # noqa: PLR0913
         self,
         pkg: Mapping[str, Any],
         dist: str,

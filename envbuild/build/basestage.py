@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from envbuild import progress
 from envbuild.build import layers
 from envbuild.build.manifest import BaseResult
 from envbuild.fsio import canonical_json
 from envbuild.lock import Lock
 from envbuild.lock.model import DebianBaseLock
-from envbuild.progress import Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 
@@ -26,18 +26,18 @@ def base_stage(
     lock: Lock,
     store: Store,
     compression: layers.Compression,
-    progress: Progress,
-    kept: list[str],
+    sde: int,
 ) -> BaseResult:
     """The base's layers from the store, built or pulled once per store (see
-    envbuild.build.base)."""
+    envbuild.build.base), a built one's mtimes ``sde`` (the plan's SOURCE_DATE_EPOCH)."""
+    kept: list[str] = []
     from envbuild.build.base import build_base
 
     pinned = lock.envbuild.base
     if isinstance(pinned, DebianBaseLock) and not pinned.packages:
-        pinned = _debian_resolution(loaded, lock, store, compression, kept)
+        pinned = _debian_resolution(loaded, lock, store, (compression, sde), kept)
     with progress.task(f"base {loaded.spec.base.kind}", None, unit="layers"):
-        got = build_base(store, loaded, pinned, compression=compression)
+        got = build_base(store, loaded, pinned, compression=compression, sde=sde)
     return BaseResult(
         layers=list(got.layers),
         config=got.config,
@@ -47,11 +47,16 @@ def base_stage(
             "lock": got.lock.model_dump(mode="json", by_alias=True),
             **({} if got.setid is None else {"setid": got.setid}),
         },
+        keys=kept,
     )
 
 
 def _debian_resolution(
-    loaded: LoadedSpec, lock: Lock, store: Store, compression: layers.Compression, kept: list[str]
+    loaded: LoadedSpec,
+    lock: Lock,
+    store: Store,
+    packing: tuple[layers.Compression, int],
+    kept: list[str],
 ) -> DebianBaseLock:
     """A lock whose Debian base names no package set is resolved against the mirror once per
     store (a derivation of the base's spec and the lock's cutoff), not at every build: neither a
@@ -68,7 +73,8 @@ def _debian_resolution(
     }
 
     def builder() -> Output:
-        resolved = debian.resolve(store, spec_base, compression=compression)
+        compression, sde = packing
+        resolved = debian.resolve(store, spec_base, compression=compression, sde=sde)
         data = canonical_json(resolved.model_dump(mode="json", by_alias=True)).encode()
         return Output(outputs={"lock": store.add_bytes(data)})
 

@@ -25,7 +25,7 @@ from typing import IO, Any
 from envbuild.build import tarwrite
 from envbuild.build.entries import Entry, Kind, Opener, arrange
 from envbuild.build.image import Image, blob_role, manifest_json
-from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed, source_date_epoch
+from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
 from envbuild.errors import ToolFailed
 from envbuild.fsio import atomic_writer, compact_json
 from envbuild.oci import IMAGE_NAME, OCI_INDEX, OCI_LAYOUT, REF_NAME
@@ -155,6 +155,7 @@ def write_docker_archive(
     *,
     repo_tags: Sequence[str],
     uncompressed: bool | None = None,
+    mtime: int = 0,
 ) -> Image:
     """Write a tar that ``docker load`` accepts: an OCI layout plus Docker's ``manifest.json``.
 
@@ -209,5 +210,5 @@ def write_docker_archive(
             f.write(data)
 
         sink = tarwrite.Sink(out)
-        tarwrite.write_tar(arranged, sink, source_date_epoch())
+        tarwrite.write_tar(arranged, sink, mtime)
     return inside

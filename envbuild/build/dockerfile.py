@@ -24,9 +24,8 @@ from typing import Any
 import jinja2
 from packaging.utils import canonicalize_name
 
-from envbuild import templates
+from envbuild import proc, templates
 from envbuild.build.config import image_config
-from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
 from envbuild.build.planner import load_lock
 from envbuild.build.wheels import select_wheels
@@ -285,7 +284,7 @@ def render_dockerfile(
             apt_pinned=pinned,
             base_tarball=f"{BASE_DIR}/{tarball.name}" if tarball else None,
             apt_packages=apt,
-            uv_version=uv_version().split()[1],
+            uv_version=proc.uv_version().split()[1],
             interpreter=spec.python.interpreter,
             venv=spec.python.venv.rstrip("/"),
             index_url=indexes[0] if indexes else "https://pypi.org/simple",

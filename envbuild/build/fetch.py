@@ -22,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from envbuild import __version__
+from envbuild import __version__, progress
 from envbuild.build.install import WheelRef
 from envbuild.errors import EnvironmentFailure, IntegrityError
-from envbuild.progress import NULL, Progress
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ def fetch_wheels(
     wheels: Sequence[WheelRef],
     store: Store,
     *,
-    progress: Progress = NULL,
     workers: int = WORKERS,
 ) -> dict[str, Path]:
     """Every wheel's blob path, by sha256, downloading the ones the store lacks."""

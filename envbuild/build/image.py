@@ -1,6 +1,6 @@
 """Images: the OCI image config and manifest of a list of layers, written into the store.
 
-Public API (stable; E and H build on it)::
+Use::
 
     config = OciImageConfig(env={"PATH": ...}, cmd=[...], labels={...})
     image = write_image(store, layers=[*base.layers, *mine], config=config,
@@ -10,22 +10,21 @@ Public API (stable; E and H build on it)::
 
 Every JSON document is compact canonical JSON (sorted keys, no whitespace), so the same inputs
 give the same digests. Times are inputs: a build dates its image with :func:`created_for`
-(``SOURCE_DATE_EPOCH``, else the lock's cutoff); without ``created`` only ``SOURCE_DATE_EPOCH``
-dates one. Where the image goes next: :mod:`envbuild.build.ocilayout` (an OCI image layout) and
+(the plan's ``SOURCE_DATE_EPOCH``, else the lock's cutoff); without ``created`` nothing is
+dated. Where the image goes next: :mod:`envbuild.build.ocilayout` (an OCI image layout) and
 :mod:`envbuild.build.dockerarchive` (a ``docker load`` tar).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.build.layers import Layer, source_date_epoch
+from envbuild.build.layers import Layer
 from envbuild.errors import ManifestError
 from envbuild.fsio import compact_json
 from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME
@@ -142,19 +141,18 @@ class Image(_Model):
         return desc
 
 
-def created_time() -> str | None:
-    """``SOURCE_DATE_EPOCH`` as RFC 3339, or None when it is not set (then no times at all)."""
-    if not os.environ.get("SOURCE_DATE_EPOCH", "").strip():
+def epoch_time(epoch: int | None) -> str | None:
+    """``SOURCE_DATE_EPOCH`` (read into the plan) as RFC 3339; None when it is not set."""
+    if epoch is None:
         return None
-    moment = datetime.fromtimestamp(source_date_epoch(), tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def created_for(cutoff: datetime) -> str:
-    """An image's ``created``: ``SOURCE_DATE_EPOCH`` when set, else the lock's cutoff
-    (``exclude_newer``: nothing in the image is newer), so the time is an input, never the
-    clock's, and ``docker images`` shows a real date instead of N/A."""
-    return created_time() or cutoff.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def created_for(cutoff: datetime, epoch: str | None) -> str:
+    """An image's ``created``: ``epoch`` (the plan's SOURCE_DATE_EPOCH as RFC 3339) when set,
+    else the lock's cutoff (``exclude_newer``: nothing in the image is newer), so the time is
+    an input, never the clock's, and ``docker images`` shows a real date instead of N/A."""
+    return epoch or cutoff.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 #: Longest ``created_by`` a layer's history entry gets; past it the names end with "(+N more)".
@@ -185,11 +183,10 @@ def config_json(
     created: str | None = None,
 ) -> bytes:
     """The OCI image config document, compact and canonical. ``created`` (RFC 3339) dates the
-    image and every history entry without its own; default ``SOURCE_DATE_EPOCH``, else none."""
+    image and every history entry without its own; without it, none is dated."""
     non_empty = sum(1 for h in history if not h.empty_layer)
     if history and non_empty != len(layers):
         raise ValueError(f"history names {non_empty} layers but the image has {len(layers)}")
-    created = created or created_time()
     inner: dict[str, Any] = {
         "Env": [f"{k}={v}" for k, v in sorted(config.env.items())],
         "WorkingDir": config.workdir,

@@ -117,11 +117,6 @@ class Installed:
     bytes: int = 0
 
 
-def uv_version(uv: str | None = None) -> str:
-    done = proc.run([uv or proc.find_uv(), "--version"], tool="uv")
-    return done.stdout.strip()
-
-
 def install(
     wheels: Sequence[tuple[WheelRef, Path]],
     target: VenvTarget,

@@ -18,11 +18,11 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, cast
 
-from envbuild import scratch
+from envbuild import progress, scratch
 from envbuild.build import layers
 from envbuild.build.entries import Kind, tree_entries
 from envbuild.build.fetch import fetch_wheels
@@ -32,7 +32,6 @@ from envbuild.build.plan import PlanLayer
 from envbuild.linkcheck import Cache, default_cache
 from envbuild.linkcheck.staging import record_staged
 from envbuild.linkcheck.wheels import Wheel
-from envbuild.progress import NULL, Progress
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
@@ -49,16 +48,25 @@ WORKERS = 2
 DEFERRED_NICE = 10
 
 
+@dataclass(frozen=True)
+class LayerInputs:
+    """What every Python layer of one build is made from: the store, the wheel files checked
+    so far by sha256 (``blobs``: a layer whose wheels were not fetched, because the store
+    promised the layer, adds them), the locked wheels by sha256, the paths each distribution
+    leaves out (the overlap report), the venv target and the compression."""
+
+    store: Store
+    blobs: dict[str, Path]
+    by_sha: Mapping[str, WheelRef]
+    leaves: Mapping[str, frozenset[str]]
+    target: VenvTarget
+    compression: layers.Compression
+
+
 def build_layers(
     todo: Sequence[PlanLayer],
-    store: Store,
+    inputs: LayerInputs,
     *,
-    blobs: dict[str, Path],
-    by_sha: Mapping[str, WheelRef],
-    leaves: Mapping[str, frozenset[str]],
-    target: VenvTarget,
-    compression: layers.Compression,
-    progress: Progress = NULL,
     defer_to: Future[Any] | None = None,
 ) -> list[tuple[BuiltLayer, bool]] | None:
     """Install and pack ``todo`` (or find them in the store), ``WORKERS`` at a time; while
@@ -66,23 +74,12 @@ def build_layers(
     whether the store had it, in ``todo``'s order. When a layer fails, or ``defer_to`` does, the
     layers not started yet are dropped and this waits for the running ones (what they made
     stays in the store): a failed layer's error is raised, a failed ``defer_to`` gives None (it
-    is the caller's to raise); so for Ctrl-C, which is raised once the running ones are done.
-    ``blobs`` (wheel sha256 -> file) gains the wheels fetched."""
+    is the caller's to raise); so for Ctrl-C, which is raised once the running ones are done."""
     init = (lambda: _defer(defer_to)) if defer_to is not None else None
     with ThreadPoolExecutor(max_workers=WORKERS, initializer=init) as pool:
         try:
             jobs = {
-                layer.name: pool.submit(
-                    build_layer,
-                    layer,
-                    store,
-                    blobs,
-                    by_sha,
-                    leaves,
-                    target,
-                    compression,
-                    progress,
-                )
+                layer.name: pool.submit(progress.carried(build_layer), layer, inputs)
                 for layer in todo
             }
             pending: set[Future[Any]] = set(jobs.values())
@@ -117,24 +114,16 @@ def _defer(other: Future[Any]) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(now, DEFERRED_NICE))
 
 
-def build_layer(
-    layer: PlanLayer,
-    store: Store,
-    blobs: dict[str, Path],
-    by_sha: Mapping[str, WheelRef],
-    leaves: Mapping[str, frozenset[str]],
-    target: VenvTarget,
-    compression: layers.Compression,
-    progress: Progress,
-) -> tuple[BuiltLayer, bool]:
+def build_layer(layer: PlanLayer, inputs: LayerInputs) -> tuple[BuiltLayer, bool]:
     """One planned layer from the store, or installed and packed now under its key."""
+    store, blobs, leaves, target = inputs.store, inputs.blobs, inputs.leaves, inputs.target
     names = [d.name for d in layer.dists]
     left = {d: sorted(leaves[d]) for d in names if d in leaves}
 
     def builder() -> Output:
-        if missing := [by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
+        if missing := [inputs.by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
             # the remote cache said it had this layer, then did not deliver it
-            blobs.update(fetch_wheels(missing, store, progress=progress))
+            blobs.update(fetch_wheels(missing, store))
         refs = [(d.ref(""), blobs[d.sha256]) for d in layer.dists]
         # the staging tree and the wheels uv unzips for it, in memory when there is room
         needed = STAGING_PER_WHEEL_BYTE * sum(path.stat().st_size for _, path in refs)
@@ -163,9 +152,8 @@ def build_layer(
                 store,
                 root,
                 layer.name,
-                compression=compression,
+                compression=inputs.compression,
                 mtime=int(layer.inputs["source_date_epoch"]),
-                progress=progress,
             )
         return Output(
             outputs={"layer": packed.digest},
@@ -197,7 +185,6 @@ def pack(
     *,
     compression: layers.Compression,
     mtime: int,
-    progress: Progress = NULL,
 ) -> layers.Layer:
     """Pack the staging tree ``root`` as one deterministic layer, reporting bytes read."""
     entries = tree_entries(root)

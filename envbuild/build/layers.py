@@ -1,8 +1,7 @@
 """Layers: tar streams of layer entries, hashed and compressed on the fly, written into the store.
 
-Public API (stable; E and H build on it)::
+Use::
 
-    layer = layer_from_tree(store, staging_dir, prefix="opt/venv")    # -> Layer
     layer = write_layer(store, entries, compression=Compression.ZSTD)  # entries: Iterable[Entry]
     compressor_id(Compression.ZSTD)   # "zstd 1.5.4 -3": put it in a layer's derivation inputs
     with open_uncompressed(store.blob_path(layer.digest), layer.media_type) as f: ...
@@ -32,8 +31,8 @@ from typing import IO
 from pydantic import BaseModel, ConfigDict
 
 from envbuild import oci, proc
-from envbuild.build.entries import Entry, LayerError, arrange, normalize_path, tree_entries
-from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar, write_tree
+from envbuild.build.entries import Entry, LayerError, arrange
+from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar
 from envbuild.errors import UserError
 from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.store.core import Store
@@ -69,11 +68,13 @@ class Layer(BaseModel):
     file_bytes: int
 
 
-def source_date_epoch() -> int:
-    """``$SOURCE_DATE_EPOCH`` when set (the reproducible-builds convention), else 0."""
+def source_date_epoch() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` (the reproducible-builds convention), None when unset. A build
+    reads it once, into its plan (:func:`envbuild.build.planner.make_plan`), and its stages
+    take it from there."""
     value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not value:
-        return 0
+        return None
     if not value.isdigit():
         raise UserError(
             f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds",
@@ -222,42 +223,15 @@ def write_layer(
     *,
     compression: Compression = Compression.ZSTD,
     level: int | None = None,
-    mtime: int | None = None,
+    mtime: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> Layer:
-    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it.
-    ``progress`` is called with the byte count of each file packed."""
+    """Write ``entries`` as one deterministic layer blob into ``store`` and describe it, every
+    member's mtime ``mtime`` (a build's: its plan's SOURCE_DATE_EPOCH). ``progress`` is called
+    with the byte count of each file packed."""
     arranged = arrange(entries)
     level = DEFAULT_LEVEL[compression] if level is None else level
-    when = source_date_epoch() if mtime is None else mtime
-    return _write(store, compression, level, lambda s: write_tar(arranged, s, when, progress))
-
-
-def layer_from_tree(
-    store: Store,
-    root: Path,
-    *,
-    prefix: str = "",
-    compression: Compression = Compression.ZSTD,
-    level: int | None = None,
-    mtime: int | None = None,
-    extra: Iterable[Entry] = (),
-    progress: Callable[[int], None] | None = None,
-) -> Layer:
-    """Pack the tree at ``root`` (placed under ``prefix``), plus ``extra`` entries (whiteouts).
-    Without ``extra`` the tree is written as it is walked (no list of entries first)."""
-    extra = list(extra)
-    if extra:
-        entries = [*tree_entries(root, prefix=prefix), *extra]
-        return write_layer(
-            store, entries, compression=compression, level=level, mtime=mtime, progress=progress
-        )
-    base = normalize_path(prefix)
-    level = DEFAULT_LEVEL[compression] if level is None else level
-    when = source_date_epoch() if mtime is None else mtime
-    return _write(
-        store, compression, level, lambda s: write_tree(Path(root), base, s, when, progress)
-    )
+    return _write(store, compression, level, lambda s: write_tar(arranged, s, mtime, progress))
 
 
 def compression_of(media_type: str) -> Compression:

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from pathlib import Path
 
-from envbuild import linkcheck
+from envbuild import linkcheck, progress
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import VenvTarget, WheelRef
+from envbuild.build.layerbuild import LayerInputs
 from envbuild.build.manifest import BaseResult
 from envbuild.build.plan import Plan
 from envbuild.errors import LinkFindings
 from envbuild.fsio import canonical_json
 from envbuild.linkcheck.wheels import Wheel, check_image
-from envbuild.progress import NULL, Progress
 from envbuild.spec import LoadedSpec
-from envbuild.store.core import Output, Store
+from envbuild.store.core import Output
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +27,14 @@ log = logging.getLogger(__name__)
 LINKCHECK_FORMAT = 1
 
 
-def link_check(
-    loaded: LoadedSpec,
-    plan: Plan,
-    store: Store,
-    *,
-    base: BaseResult,
-    target: VenvTarget,
-    leaves: Mapping[str, frozenset[str]],
-    by_sha: Mapping[str, WheelRef],
-    blobs: dict[str, Path],
-    progress: Progress = NULL,
-) -> str:
+def link_check(loaded: LoadedSpec, plan: Plan, base: BaseResult, wheels: LayerInputs) -> str:
     """The link check of the image: a derivation of its wheels and base, so a no-op rebuild
     only reads its report. Returns the derivation's key (the output folder's root keeps it). A
     finding the spec does not accept in ``[image.link_findings]`` raises
-    :class:`~envbuild.errors.LinkFindings`; the layers made stay in the store. ``blobs`` (wheel
-    sha256 -> file) gains the wheels fetched."""
+    :class:`~envbuild.errors.LinkFindings`; the layers made stay in the store. The wheels not
+    fetched yet (the store had their layers) are fetched into ``wheels.blobs``."""
+    store, blobs, by_sha = wheels.store, wheels.blobs, wheels.by_sha
+    target, leaves = wheels.target, wheels.leaves
     dists = {d.sha256: d for layer in plan.layers for d in layer.dists}
     inputs = {
         "wheels": sorted(dists),
@@ -58,7 +46,7 @@ def link_check(
 
     def builder() -> Output:
         if missing := [by_sha[s] for s in dists if s not in blobs and s in by_sha]:
-            blobs.update(fetch_wheels(missing, store, progress=progress))
+            blobs.update(fetch_wheels(missing, store))
         wheels = [Wheel(d.name, d.version, blobs[s], s) for s, d in sorted(dists.items())]
         torch = next((d.version for d in dists.values() if d.name == "torch"), None)
         layers = [(store.blob_path(layer.digest), layer.media_type) for layer in base.layers]

@@ -37,6 +37,8 @@ class BaseResult:
     config: image.OciImageConfig
     history: list[image.History]
     info: dict[str, Any] = field(default_factory=dict)
+    #: what else the stage made that the image's root keeps (a Debian resolution)
+    keys: list[str] = field(default_factory=list)
 
 
 # --- the build manifest -----------------------------------------------------------------------

@@ -22,8 +22,8 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +63,25 @@ class Sbom:
     referrer: ocilayout.Referrer
 
 
+@dataclass(frozen=True)
+class Contents:
+    """What an image is made of besides its plan: the base, each layer built (by name), the
+    overlaps settled, and the source builds and patches the build manifest records."""
+
+    base: BaseResult
+    built: Mapping[str, BuiltLayer]
+    overlaps: list[dict[str, Any]] = field(default_factory=list)
+    source_builds: list[SourceBuildRecord] = field(default_factory=list)
+    patches: list[PatchRecord] = field(default_factory=list)
+
+
 def write_outputs(
     plan: Plan,
     store: Store,
-    base: BaseResult,
-    built: dict[str, BuiltLayer],
-    overlaps: list[dict[str, Any]],
+    contents: Contents,
     out: Path,
     *,
     docker_archive: bool = True,
-    source_builds: list[SourceBuildRecord] | None = None,
-    patches: list[PatchRecord] | None = None,
     created: str | None = None,
     sbom: Callable[[BuildManifest], Sbom] | None = None,
 ) -> BuildManifest:
@@ -81,7 +89,8 @@ def write_outputs(
     archive, ``sbom(manifest)``'s document and referrer) and its build manifest last: a folder
     with a manifest holds all of it. A folder that already holds this very image is left as it
     is."""
-    ours = [built[layer.name] for layer in plan.layers]
+    base = contents.base
+    ours = [contents.built[layer.name] for layer in plan.layers]
     mine = [stored_layer(store, b) for b in ours]
     config = image.OciImageConfig(
         env=plan.config.env,
@@ -129,9 +138,9 @@ def write_outputs(
         base={"kind": plan.base.kind, "description": plan.base.description, **base.info},
         source_date_epoch=plan.source_date_epoch,
         layers=[*base_built, *ours],
-        overlaps=overlaps,
-        source_builds=source_builds or [],
-        patches=patches or [],
+        overlaps=contents.overlaps,
+        source_builds=contents.source_builds,
+        patches=contents.patches,
         config=img.config_digest,
         image=img.manifest_digest,
         outputs=outputs,
@@ -159,7 +168,11 @@ def write_outputs(
     if docker_archive:
         archive = out / dockerarchive.DOCKER_ARCHIVE
         dockerarchive.write_docker_archive(
-            store, img, archive, repo_tags=[f"envbuild/{plan.spec}:latest"]
+            store,
+            img,
+            archive,
+            repo_tags=[f"envbuild/{plan.spec}:latest"],
+            mtime=plan.source_date_epoch,
         )
     ocilayout.write_index(out / OCI_DIR, img, plan.spec, referrers)
     write_atomic(out / MANIFEST_FILE, canonical_json(manifest.model_dump(mode="json")))

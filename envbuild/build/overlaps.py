@@ -21,7 +21,6 @@ from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
 from envbuild.build.wheelpaths import wheel_files
 from envbuild.errors import UserError
 from envbuild.fsio import canonical_json
-from envbuild.progress import Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 
@@ -129,12 +128,11 @@ def overlap_report(
     wheels: list[WheelRef],
     store: Store,
     target: VenvTarget,
-    progress: Progress,
-    kept: list[str],
-) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]]]:
+) -> tuple[list[dict[str, Any]], dict[str, frozenset[str]], str]:
     """Compare every wheel's RECORD before anything is installed (a derivation of the wheel set
-    and the spec's rules, so a no-op rebuild does not read the wheels). An overlap the spec does
-    not settle is an error naming both distributions and the paths."""
+    and the spec's rules, so a no-op rebuild does not read the wheels): the overlaps, the paths
+    each distribution leaves out, and the derivation's key. An overlap the spec does not settle
+    is an error naming both distributions and the paths."""
     rules: dict[str, str] = {
         canonicalize_name(k): canonicalize_name(v) for k, v in loaded.spec.image.overlaps.items()
     }
@@ -146,7 +144,7 @@ def overlap_report(
     }
 
     def builder() -> Output:
-        blobs = fetch_wheels(wheels, store, progress=progress)
+        blobs = fetch_wheels(wheels, store)
         files = {w.canonical: wheel_files(blobs[w.sha256], target) for w in wheels}
         resolved, remove = resolve_overlaps(find_overlaps(files), rules)
         report = {
@@ -156,7 +154,6 @@ def overlap_report(
         return Output(outputs={"report": store.add_bytes(canonical_json(report).encode())})
 
     drv = store.build("overlaps", inputs, builder).drv
-    kept.append(drv.key)
     report = json.loads(store.read_blob(drv.outputs["report"]))
     leaves = {k: frozenset(v) for k, v in report["leaves_out"].items()}
-    return list(report["overlaps"]), leaves
+    return list(report["overlaps"]), leaves, drv.key

@@ -25,23 +25,21 @@ installed nor packed again, and a no-op rebuild only re-reads the store's record
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from envbuild import progress
 from envbuild.build import image, layers, noop
 from envbuild.build.basestage import base_stage
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import VenvTarget, WheelRef
-from envbuild.build.layerbuild import build_layers
+from envbuild.build.layerbuild import LayerInputs, build_layers
 from envbuild.build.links import link_check
-from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer
-from envbuild.build.outputs import Sbom, lock_output, output_files, write_outputs
+from envbuild.build.manifest import BaseResult, BuildManifest, stored_layer
+from envbuild.build.outputs import Contents, Sbom, lock_output, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
 from envbuild.build.planner import (
@@ -53,40 +51,16 @@ from envbuild.build.planner import (
     wheel_refs,
 )
 from envbuild.build.sbom import image_sbom
+from envbuild.build.stages import Layers, Lower, Made, Wheels, stage, stage_times
 from envbuild.engine import ContainerEngine, DockerEngine
-from envbuild.errors import EnvbuildError, EnvironmentFailure
 from envbuild.lock import Lock, find_lock
 from envbuild.lock.base import spec_path
-from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild.builder import Builder, HostBuilder
-from envbuild.sourcebuild.sources import SourceOutcome, realize_sources
+from envbuild.sourcebuild.sources import SourceOutcome, SourcesResult, realize_sources
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store, output_root_name
 
 log = logging.getLogger(__name__)
-
-
-class StageError(EnvironmentFailure):
-    """Wraps an unexpected failure of one stage with the stage's name."""
-
-
-@contextlib.contextmanager
-def stage(name: str, timings: dict[str, float] | None = None) -> Iterator[None]:
-    """Run a stage: envbuild's own errors get the stage's name in front; others too, as an
-    environment failure, so one clear line reaches the user."""
-    start = time.perf_counter()
-    try:
-        yield
-    except EnvbuildError as exc:
-        if not exc.message.startswith(f"{name}: "):
-            exc.message = f"{name}: {exc.message}"
-            exc.args = (exc.message, *exc.args[1:])
-        raise
-    except OSError as exc:
-        raise StageError(f"{name}: {exc.strerror or exc} ({exc.filename or ''})") from exc
-    finally:
-        if timings is not None:
-            timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -100,7 +74,7 @@ class BuilderOptions:
     engine: ContainerEngine | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ImageBuild:
     """What one ``envbuild build`` did: the plan (its provisional layers resolved once the
     sources stage ran), the build manifest and output folder (None for a dry run), the source
@@ -128,153 +102,108 @@ def build(
     dry_run: bool = False,
     compression: layers.Compression = COMPRESSION,
     docker_archive: bool = True,
-    progress: Progress = NULL,
     builder: BuilderOptions | None = None,
 ) -> ImageBuild:
     """Build ``loaded``'s image into ``output`` (default ``<repo>/images/<spec-name>``).
 
     The layers whose key the plan knows (base, venv, big distributions, groups, an unpatched
     vLLM) are built first; then the sources stage realizes the source builds and patches (a
-    builder container needs those lower layers) and the layers installing them get their keys.
-    """
-    start = time.perf_counter()
+    builder container needs those lower layers) and the layers installing them get their keys."""
+    start, options = time.perf_counter(), builder or BuilderOptions()
     timings: dict[str, float] = {}
-    options = builder or BuilderOptions()
-    request = noop.Request.of(
-        loaded.path,
-        output,
-        compression=compression.value,
-        docker_archive=docker_archive,
-        builder=options.mode,
-        builder_network=options.network,
-    )
     # taken before the build reads anything: what changes while it runs is not recorded as built
-    fingerprint, inputs = (None, None) if dry_run else (noop.fingerprint(), _inputs(loaded))
+    before = _Before.of(loaded, output, compression, docker_archive, options, dry_run=dry_run)
     with stage("plan", timings):
         lock, lock_hash = load_lock(loaded)
         plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
-    out = output if output is not None else loaded.root / "images" / loaded.name
     if dry_run:
         return ImageBuild(None, plan, None, timings)
-    result = ImageBuild(None, plan, out, timings)
+    out = output if output is not None else loaded.root / "images" / loaded.name
     with store.session():
-        low = _lower(loaded, lock, plan, store, progress, result)
-        built, blobs = low.built, low.blobs
+        low = _lower(loaded, lock, plan, store, timings)
         with stage("sources", timings):
-            made = realize_sources(
-                loaded,
-                lock,
-                store,
-                lambda: _builder(builder or BuilderOptions(), loaded, plan, store, low),
-                locked={w.canonical: w for w in low.wheels},
-                progress=progress,
-            )
-            plan = plan.with_layers(
-                [
-                    resolve_layer(
-                        layer,
-                        made.wheels[layer.name].wheel,
-                        made.wheels[layer.name].sources,
-                    )
-                    if layer.provisional
-                    else layer
-                    for layer in plan.layers
-                ]
-            )
-            result.plan, result.sources = plan, made.outcomes
-            blobs.update({r.wheel.sha256: r.path for r in made.wheels.values()})
+            plan, sources = _sources(loaded, lock, plan, store, low, options)
         with stage("layers", timings):
-            top = [layer for layer in plan.layers if layer.name not in built]
-            _layers(top, store, low, progress, result)
+            top = _layers([x for x in plan.layers if x.name not in low.layers.built], low.wheels)
+        built = low.layers + top
         with stage("links", timings):
-            low.kept.append(
-                link_check(
-                    loaded,
-                    plan,
-                    store,
-                    base=low.base,
-                    target=low.target,
-                    leaves=low.leaves,
-                    by_sha=low.by_sha,
-                    blobs=blobs,
-                    progress=progress,
-                )
-            )
-        made_wheels = {r.wheel.sha256: r.path for r in made.wheels.values()}
-        sbom_keys: list[str] = []
-
-        def sbom_of(built_manifest: BuildManifest) -> Sbom:
-            made_sbom, key = image_sbom(
-                plan,
-                lock,
-                built_manifest,
-                store,
-                by_sha=low.by_sha,
-                made=made_wheels,
-                progress=progress,
-            )
-            sbom_keys.append(key)
-            return made_sbom
-
+            links = link_check(loaded, plan, low.base, low.wheels.inputs)
         # two builds into one folder take turns, each writing the folder and then its root
         with lock_output(out):
-            noop.forget(store.root, request)  # written again below once the folder is whole
+            noop.forget(store.root, before.request)  # written again once the folder is whole
             with stage("image", timings):
-                manifest = write_outputs(
-                    plan,
-                    store,
-                    low.base,
-                    built,
-                    low.overlaps,
-                    out,
-                    docker_archive=docker_archive,
-                    source_builds=made.builds,
-                    patches=made.patches,
-                    created=image.created_for(lock.envbuild.exclude_newer),
-                    sbom=sbom_of,
-                )
+                made = _image(plan, lock, store, low, built, sources, out, docker_archive)
             with stage("root", timings):
-                # one root per output folder, as Nix has one per out-link: it keeps what the
-                # folder's image needs until the folder is removed or holds another image
-                store.set_root(
-                    output_root_name(out),
-                    blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
-                    # the overlap report, a Debian resolution, the source builds and patched
-                    # wheels, the SBOM too: gc must not make the next build redo them
-                    derivations=[
-                        *(layer.key for layer in plan.layers),
-                        *low.kept,
-                        *made.keys,
-                        *sbom_keys,
-                    ],
-                    output=out,
-                    image=manifest.image,
-                    files=(files := output_files(out, manifest)),
-                )
-                if fingerprint is not None and inputs and lock_hash in inputs.values():
-                    noop.write_record(
-                        store.root,
-                        request,
-                        fingerprint=fingerprint,
-                        inputs=inputs,
-                        output=out,
-                        image=manifest.image,
-                        files=files,
-                        sources=[
-                            {"kind": o.kind, "dist": o.dist, "version": o.version, "key": o.key}
-                            for o in made.outcomes
-                        ],
-                    )
-    result.manifest = manifest
-    result.wall = time.perf_counter() - start
+                keys = [*low.base.keys, low.wheels.key, links, *sources.keys, made.sbom_key]
+                files = _root(plan, store, out, made.manifest, keys)
+                before.record(store, lock_hash, out, made.manifest.image, files, sources)
+    wall = time.perf_counter() - start
     # the stages overlap (the base is made beside the layers), so they do not add up to the wall
     # time; `envbuild -v build` shows them (--json is the build manifest: the same bytes each time)
-    log.debug(
-        "stages: %s; wall %.2f s",
-        ", ".join(f"{name} {seconds:.2f} s" for name, seconds in timings.items()),
-        result.wall,
+    log.debug("stages: %s; wall %.2f s", stage_times(timings), wall)
+    return ImageBuild(
+        made.manifest, plan, out, timings, wall, built.rebuilt, built.reused, sources.outcomes
     )
-    return result
+
+
+@dataclass(frozen=True)
+class _Before:
+    """What the no-op record of a build (:mod:`.noop`) is made of, taken before the build reads
+    anything: the request, the fingerprint of the tools, the sha256 of every input file (None
+    for a dry run, or when an input is missing: then nothing is recorded)."""
+
+    request: noop.Request
+    fingerprint: str | None
+    inputs: dict[str, str] | None
+
+    @classmethod
+    def of(
+        cls,
+        loaded: LoadedSpec,
+        output: Path | None,
+        compression: layers.Compression,
+        docker_archive: bool,
+        options: BuilderOptions,
+        *,
+        dry_run: bool,
+    ) -> _Before:
+        request = noop.Request.of(
+            loaded.path,
+            output,
+            compression=compression.value,
+            docker_archive=docker_archive,
+            builder=options.mode,
+            builder_network=options.network,
+        )
+        if dry_run:
+            return cls(request, None, None)
+        return cls(request, noop.fingerprint(), _inputs(loaded))
+
+    def record(
+        self,
+        store: Store,
+        lock_hash: str,
+        out: Path,
+        image_digest: str,
+        files: dict[str, str],
+        sources: SourcesResult,
+    ) -> None:
+        """Record that ``out`` holds the image, when the lock read was the one hashed before."""
+        if self.fingerprint is None or not self.inputs or lock_hash not in self.inputs.values():
+            return
+        noop.write_record(
+            store.root,
+            self.request,
+            fingerprint=self.fingerprint,
+            inputs=self.inputs,
+            output=out,
+            image=image_digest,
+            files=files,
+            sources=[
+                {"kind": o.kind, "dist": o.dist, "version": o.version, "key": o.key}
+                for o in sources.outcomes
+            ],
+        )
 
 
 def _inputs(loaded: LoadedSpec) -> dict[str, str] | None:
@@ -298,7 +227,6 @@ def source_builder(
     options: BuilderOptions,
     *,
     compression: layers.Compression = COMPRESSION,
-    progress: Progress = NULL,
 ) -> Builder:
     """The builder ``envbuild build`` runs ``loaded``'s source builds in (what ``envbuild store
     add-wheel`` keys a wheel for): a builder container needs the image's lower layers, which are
@@ -308,24 +236,7 @@ def source_builder(
     lock, lock_hash = load_lock(loaded)
     plan = make_plan(loaded, lock, lock_hash=lock_hash, compression=compression)
     with store.session():
-        low = _lower(loaded, lock, plan, store, progress, ImageBuild(None, plan, None))
-        return _builder(options, loaded, plan, store, low)
-
-
-@dataclass
-class _Lower:
-    """What the stages below the sources stage made."""
-
-    wheels: list[WheelRef]
-    by_sha: dict[str, WheelRef]
-    blobs: dict[str, Path]
-    overlaps: list[dict[str, Any]]
-    leaves: dict[str, frozenset[str]]
-    target: VenvTarget
-    compression: layers.Compression
-    base: BaseResult = field(init=False)  # set once the base's thread is done
-    built: dict[str, BuiltLayer] = field(default_factory=dict)
-    kept: list[str] = field(default_factory=list)
+        return _builder(options, loaded, plan, store, _lower(loaded, lock, plan, store))
 
 
 def _lower(
@@ -333,81 +244,143 @@ def _lower(
     lock: Lock,
     plan: Plan,
     store: Store,
-    progress: Progress,
-    result: ImageBuild,
-) -> _Lower:
+    timings: dict[str, float] | None = None,
+) -> Lower:
     """fetch, base and the layers whose key the plan knows (everything but the provisional).
 
     The base is made in a thread of its own while the wheels are fetched and the Python layers
     installed and packed: neither needs the other (a layer holds the venv's files, not the
     base's), and mmdebstrap spends most of its time in one process (dpkg and maintainer
     scripts), so on two cores the layers take the other."""
-    timings = result.timings
-    kept: list[str] = []
-    target, comp = plan_target(plan), compression_of(plan)
+    comp = compression_of(plan)
     lower = [layer for layer in plan.layers if not layer.provisional]
-    wheels = wheel_refs(lock, plan)
 
     def make_base() -> BaseResult:
         with stage("base", timings):
-            return base_stage(loaded, lock, store, comp, progress, kept)
+            return base_stage(loaded, lock, store, comp, plan.source_date_epoch)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="envbuild-base") as side:
-        base = side.submit(make_base)
+        base = side.submit(progress.carried(make_base))
         with stage("fetch", timings):
-            todo = [layer for layer in lower if not store.available(layer.key)]
-            needed = {d.sha256 for layer in todo for d in layer.dists}
-            blobs = fetch_wheels(
-                [w for w in wheels if w.sha256 in needed], store, progress=progress
-            )
-            overlaps, leaves = overlap_report(loaded, wheels, store, target, progress, kept)
-        low = _Lower(
-            wheels=wheels,
-            by_sha={w.sha256: w for w in wheels},
-            blobs=blobs,
-            overlaps=overlaps,
-            leaves=leaves,
-            target=target,
-            compression=comp,
-            kept=kept,
-        )
+            wheels = _fetch(loaded, lock, plan, store, lower)
         with stage("layers", timings):
-            _layers(lower, store, low, progress, result, defer_to=base)
-        low.base = base.result()
-    return low
+            made = _layers(lower, wheels, defer_to=base)
+        return Lower(base.result(), wheels, made)
 
 
-def _layers(
-    todo: list[PlanLayer],
-    store: Store,
-    low: _Lower,
-    progress: Progress,
-    result: ImageBuild,
-    defer_to: Future[Any] | None = None,
-) -> None:
-    """Install and pack ``todo`` (:func:`~envbuild.build.layerbuild.build_layers`) and record
-    them in ``low`` and ``result``; nothing when ``defer_to`` (the base) failed: that is the
-    caller's to raise."""
-    got = build_layers(
-        todo,
-        store,
-        blobs=low.blobs,
-        by_sha=low.by_sha,
-        leaves=low.leaves,
-        target=low.target,
-        compression=low.compression,
-        progress=progress,
-        defer_to=defer_to,
-    )
+def _fetch(
+    loaded: LoadedSpec, lock: Lock, plan: Plan, store: Store, lower: list[PlanLayer]
+) -> Wheels:
+    """The wheels of the layers in ``lower`` the store lacks, and the overlap report."""
+    target, refs = plan_target(plan), wheel_refs(lock, plan)
+    todo = [layer for layer in lower if not store.available(layer.key)]
+    needed = {d.sha256 for layer in todo for d in layer.dists}
+    blobs = fetch_wheels([w for w in refs if w.sha256 in needed], store)
+    overlaps, leaves, key = overlap_report(loaded, refs, store, target)
+    by_sha = {w.sha256: w for w in refs}
+    inputs = LayerInputs(store, blobs, by_sha, leaves, target, compression_of(plan))
+    return Wheels(inputs, overlaps, key)
+
+
+def _layers(todo: list[PlanLayer], wheels: Wheels, defer_to: Future[Any] | None = None) -> Layers:
+    """Install and pack ``todo`` (:func:`~envbuild.build.layerbuild.build_layers`); none when
+    ``defer_to`` (the base) failed: that is the caller's to raise."""
+    got = build_layers(todo, wheels.inputs, defer_to=defer_to)
     if got is None:
-        return
-    for layer, (built, reused) in zip(todo, got, strict=True):
-        low.built[layer.name] = built
-        (result.reused if reused else result.rebuilt).append(layer.name)
+        return Layers()
+    return Layers(
+        {layer.name: built for layer, (built, _) in zip(todo, got, strict=True)},
+        [layer.name for layer, (_, reused) in zip(todo, got, strict=True) if not reused],
+        [layer.name for layer, (_, reused) in zip(todo, got, strict=True) if reused],
+    )
+
+
+def _sources(
+    loaded: LoadedSpec,
+    lock: Lock,
+    plan: Plan,
+    store: Store,
+    low: Lower,
+    options: BuilderOptions,
+) -> tuple[Plan, SourcesResult]:
+    """The source builds and patches, and the plan with the layers installing them resolved;
+    the wheels they made join the files the later stages read."""
+    made = realize_sources(
+        loaded,
+        lock,
+        store,
+        lambda: _builder(options, loaded, plan, store, low),
+        locked={w.canonical: w for w in low.wheels.inputs.by_sha.values()},
+    )
+    resolved = plan.with_layers(
+        [
+            resolve_layer(layer, made.wheels[layer.name].wheel, made.wheels[layer.name].sources)
+            if layer.provisional
+            else layer
+            for layer in plan.layers
+        ]
+    )
+    low.wheels.inputs.blobs.update({r.wheel.sha256: r.path for r in made.wheels.values()})
+    return resolved, made
+
+
+def _image(
+    plan: Plan,
+    lock: Lock,
+    store: Store,
+    low: Lower,
+    built: Layers,
+    sources: SourcesResult,
+    out: Path,
+    docker_archive: bool,
+) -> Made:
+    """The image, its SBOM and the build manifest, written into the output folder ``out``."""
+    made_wheels = {r.wheel.sha256: r.path for r in sources.wheels.values()}
+    sbom_keys: list[str] = []
+
+    def sbom_of(built_manifest: BuildManifest) -> Sbom:
+        by_sha = low.wheels.inputs.by_sha
+        made_sbom, key = image_sbom(
+            plan, lock, built_manifest, store, by_sha=by_sha, made=made_wheels
+        )
+        sbom_keys.append(key)
+        return made_sbom
+
+    contents = Contents(low.base, built.built, low.wheels.overlaps, sources.builds, sources.patches)
+    manifest = write_outputs(
+        plan,
+        store,
+        contents,
+        out,
+        docker_archive=docker_archive,
+        created=image.created_for(lock.envbuild.exclude_newer, plan.created),
+        sbom=sbom_of,
+    )
+    return Made(manifest, sbom_keys[0])
+
+
+def _root(
+    plan: Plan, store: Store, out: Path, manifest: BuildManifest, keys: list[str]
+) -> dict[str, str]:
+    """One root per output folder, as Nix has one per out-link: it keeps what the folder's
+    image needs until the folder is removed or holds another image. Besides the layers, the
+    derivations ``keys`` (the overlap report, a Debian resolution, the source builds and patched
+    wheels, the link check, the SBOM): gc must not make the next build redo them. Returns the
+    stat of each file the folder holds."""
+    files = output_files(out, manifest)
+    store.set_root(
+        output_root_name(out),
+        blobs=[manifest.image, manifest.config, *(b.digest for b in manifest.layers)],
+        derivations=[*(layer.key for layer in plan.layers), *keys],
+        output=out,
+        image=manifest.image,
+        files=files,
+    )
+    return files
 
 
 def _builder(
-    options: BuilderOptions, loaded: LoadedSpec, plan: Plan, store: Store, low: _Lower
+    options: BuilderOptions, loaded: LoadedSpec, plan: Plan, store: Store, low: Lower
 ) -> Builder:
     """The builder source builds run in; a builder container's image is the base and every
     layer built so far (venv, torch and the rest), with the image's env."""
@@ -415,7 +388,8 @@ def _builder(
         return HostBuilder(loaded.spec.python.version)
     from envbuild.sourcebuild.container import ContainerBuilder
 
-    lower = [low.built[layer.name] for layer in plan.layers if layer.name in low.built]
+    built = low.layers.built
+    lower = [built[layer.name] for layer in plan.layers if layer.name in built]
     config = image.OciImageConfig(env=plan.config.env, cmd=["/bin/sh"]).merged_over(low.base.config)
     return ContainerBuilder(
         store,
@@ -424,4 +398,5 @@ def _builder(
         python=f"{plan.target['venv']}/bin/python",
         network=options.network,
         engine=options.engine or DockerEngine(),
+        epoch=plan.source_date_epoch if plan.created is not None else None,
     )

@@ -138,7 +138,10 @@ class Plan(_Model):
     spec: str
     spec_hash: str
     lock_hash: str
-    source_date_epoch: int
+    source_date_epoch: int = Field(description="SOURCE_DATE_EPOCH (0 when unset): every mtime")
+    created: str | None = Field(
+        None, description="SOURCE_DATE_EPOCH as RFC 3339 when set: the image's time"
+    )
     target: dict[str, str | None]
     installer: str = Field(description="`uv --version` of the installing uv")
     pack: dict[str, str | int] = Field(description="the pack stage's format and compression")
@@ -173,20 +176,32 @@ def bucket(name: str, groups: int) -> int:
     return int.from_bytes(digest[:4], "big") % groups
 
 
+def shared_inputs(
+    target: VenvTarget, installer: str, pack: Mapping[str, str | int], source_date_epoch: int
+) -> dict[str, object]:
+    """The inputs every Python layer shares (:data:`COMMON_INPUTS`): the install format, the
+    installing uv, the venv target, the pack stage's format and the layers' mtime."""
+    return {
+        "install_format": INSTALL_FORMAT,
+        "installer": installer,
+        "target": target.key(),
+        "pack": dict(pack),
+        "source_date_epoch": source_date_epoch,
+    }
+
+
 def layer_plan(
     wheels: Sequence[WheelRef],
     *,
-    target: VenvTarget,
-    installer: str,
-    pack: Mapping[str, str | int],
-    source_date_epoch: int,
+    shared: Mapping[str, object],
     options: PlanOptions,
     base_layers: int,
     top: Sequence[str] = (),
     kinds: Mapping[str, LayerKind] | None = None,
     overlap_rules: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[PlanLayer]:
-    """The Python layers, venv first. ``top`` names distributions (vLLM, patched, source-built)
+    """The Python layers, venv first, each keyed by its members and ``shared``
+    (:func:`shared_inputs`). ``top`` names distributions (vLLM, patched, source-built)
     that go on top, each alone, in that order; ``kinds`` says which kind each top layer is.
     ``overlap_rules`` maps a distribution that loses an overlap to its winner and the winner's
     wheel sha256: they decide what its layer leaves out, so they are part of its key."""
@@ -210,19 +225,11 @@ def layer_plan(
         small += [w for w in big if w.canonical not in keep]
         big = [w for w in big if w.canonical in keep]
 
-    common: dict[str, object] = {
-        "install_format": INSTALL_FORMAT,
-        "installer": installer,
-        "target": target.key(),
-        "pack": dict(pack),
-        "source_date_epoch": source_date_epoch,
-    }
-
     def make(name: str, kind: LayerKind, members: Sequence[WheelRef]) -> PlanLayer:
         members = sorted(members, key=lambda w: w.canonical)
         loses = {w.canonical: dict(rules[w.canonical]) for w in members if w.canonical in rules}
         inputs = {
-            **common,
+            **shared,
             "layer": kind,
             "dists": [w.key() for w in members],
             "overlaps": loses,

@@ -12,9 +12,10 @@ import logging
 
 from packaging.utils import canonicalize_name
 
-from envbuild.build import layers
+from envbuild import proc
+from envbuild.build import image, layers
 from envbuild.build.config import image_config
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef, uv_version
+from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
 from envbuild.build.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -25,6 +26,7 @@ from envbuild.build.plan import (
     PlanOptions,
     key_of,
     layer_plan,
+    shared_inputs,
 )
 from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
@@ -97,9 +99,10 @@ def make_plan(
     target = target_of(loaded, lock)
     builds = {canonicalize_name(b.name): b for b in meta.builds}
     wheels = select_wheels(lock, skip=frozenset(builds))
-    installer = installer or uv_version()
+    installer = installer or proc.uv_version()
     pack = pack_options(compression, compressor)
-    sde = layers.source_date_epoch()
+    epoch = layers.source_date_epoch()  # the build's one read of $SOURCE_DATE_EPOCH
+    sde = epoch or 0
     base = _plan_base(loaded, lock, pack)
     top = []
     kinds: dict[str, LayerKind] = {}
@@ -112,10 +115,7 @@ def make_plan(
     options = PlanOptions(max_layers=spec.image.max_layers)
     planned = layer_plan(
         wheels,
-        target=target,
-        installer=installer,
-        pack=pack,
-        source_date_epoch=sde,
+        shared=shared_inputs(target, installer, pack, sde),
         options=options,
         base_layers=base.layers,
         top=top,
@@ -156,6 +156,7 @@ def make_plan(
         spec_hash=loaded.spec_hash(),
         lock_hash=lock_hash,
         source_date_epoch=sde,
+        created=image.epoch_time(epoch),
         target={k: v for k, v in target.key().items() if isinstance(v, str | None)},
         installer=installer,
         pack=pack,

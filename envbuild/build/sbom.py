@@ -37,7 +37,6 @@ from envbuild.build.plan import Plan
 from envbuild.errors import InputFileError, IntegrityError, ManifestError
 from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
 from envbuild.lock.model import DebianBaseLock, Lock
-from envbuild.progress import NULL, Progress
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)
@@ -294,7 +293,6 @@ def image_sbom(
     *,
     by_sha: Mapping[str, WheelRef],
     made: Mapping[str, Path],
-    progress: Progress = NULL,
 ) -> tuple[Sbom, str]:
     """The image's CycloneDX SBOM and its OCI 1.1 referrer, all three
     blobs (document, empty config, artifact manifest) made once per build manifest and kept in
@@ -302,7 +300,7 @@ def image_sbom(
     ``made`` the files of the wheels the build made (source builds, patches). Returns them and
     the derivation's key; :func:`~envbuild.build.outputs.write_outputs` puts them into the
     output folder."""
-    created = image.created_for(lock.envbuild.exclude_newer)
+    created = image.created_for(lock.envbuild.exclude_newer, plan.created)
     inputs = {
         "format": SBOM_FORMAT,
         "manifest": canonical_json(manifest.model_dump(mode="json")),
@@ -311,7 +309,7 @@ def image_sbom(
     def make() -> Output:
         shas = [d.sha256 for layer in plan.layers for d in layer.dists if d.sha256 not in made]
         wanted = [by_sha[sha] for sha in shas if sha in by_sha]
-        paths = {**fetch_wheels(wanted, store, progress=progress), **made}
+        paths = {**fetch_wheels(wanted, store), **made}
         data = make_sbom(
             manifest, plan, lock, created=datetime.fromisoformat(created),
             license_of=lambda sha: wheel_license(paths[sha]) if sha in paths else None,

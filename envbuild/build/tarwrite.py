@@ -1,5 +1,5 @@
-"""The deterministic tar writer: arranged layer entries, or a directory tree walked in
-order, as one tar stream into a :class:`Sink`.
+"""The deterministic tar writer: arranged layer entries as one tar stream into a
+:class:`Sink`.
 
 The tar is the same bytes for the same content on every machine: GNU format (long names as
 ``././@LongLink`` records, no PAX headers, no atime/ctime), every mtime the one given
@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,106 +246,3 @@ def _copy_content(entry: Entry, sink: Sink) -> None:
             left -= len(data)
         if left or f.read(1):
             raise _changed(entry.path)
-
-
-def write_tree(
-    root: Path,
-    prefix: str,
-    sink: Sink,
-    mtime: int,
-    progress: Callable[[int], None] | None,
-) -> TarCounts:
-    """Write the tree at ``root`` under ``prefix`` as one tar stream, walking it in the final
-    order: the same bytes as ``write_tar(arrange(tree_entries(root, prefix=prefix)))``, but
-    no list of entries is built and the stream starts at once. Within a directory, a
-    subdirectory's contents sort as its name plus ``/`` (so ``a.txt`` comes between ``a``
-    and ``a/x``), which is the bytewise order of the full paths."""
-    counts = TarCounts()
-    short = 0 <= mtime < _MAX_OCTAL_11
-    first_of: dict[tuple[int, int], bytes] = {}
-
-    def emit(path: bytes, kind: Kind, mode: int, size: int = 0, link: bytes = b"") -> None:
-        name = path + b"/" if kind is Kind.DIR else path
-        if short and len(name) <= 100 and len(link) <= 100 and size < _MAX_OCTAL_11:
-            sink.write(_short_header(name, mode, 0, 0, size, mtime, _TYPES[kind], link))
-        elif short and size < _MAX_OCTAL_11:
-            sink.write(_gnu_header(name, mode, 0, 0, size, mtime, _TYPES[kind], link))
-        else:
-            entry = Entry(os.fsdecode(path), kind, mode, size=size, linkname=os.fsdecode(link))
-            sink.write(header(entry, mtime))
-        counts.entries += 1
-
-    def listing(directory: bytes) -> Iterator[tuple[bytes, int, os.DirEntry[bytes]]]:
-        try:
-            with os.scandir(directory) as it:
-                children = list(it)
-        except OSError as exc:
-            raise InputFileError(
-                os.fsdecode(directory), f"cannot read the directory: {exc.strerror}"
-            ) from exc
-        keyed: list[tuple[bytes, int, os.DirEntry[bytes]]] = []
-        for child in children:
-            if child.is_dir(follow_symlinks=False):  # d_type: no stat needed
-                keyed.append((child.name, _DIR, child))
-                keyed.append((child.name + b"/", _DESCEND, child))
-            else:
-                keyed.append((child.name, _OTHER, child))
-        keyed.sort(key=_first)
-        return iter(keyed)
-
-    top = list(listing(os.fsencode(root)))
-    rel = b""
-    for part in prefix.split("/") if prefix and top else ():  # an empty tree adds no parents
-        rel += os.fsencode(part)
-        emit(rel, Kind.DIR, 0o755)
-        rel += b"/"
-    stack = [(iter(top), rel)]
-    while stack:
-        children, rel = stack[-1]
-        for _key, what, child in children:
-            path = rel + child.name
-            if what == _DESCEND:
-                stack.append((listing(child.path), path + b"/"))
-                break
-            if what == _DIR:
-                emit(path, Kind.DIR, 0o755)
-                continue
-            if child.is_symlink():
-                emit(path, Kind.SYMLINK, 0o777, link=os.readlink(child.path))
-                continue
-            st = child.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode):
-                raise LayerError(
-                    f"{os.fsdecode(child.path)} is a device file, fifo or socket; a layer holds "
-                    "only files, directories and links",
-                    hint="remove it from the tree before packing",
-                )
-            mode = 0o755 if st.st_mode & 0o111 else 0o644
-            if st.st_nlink > 1:
-                ident = (st.st_dev, st.st_ino)
-                first = first_of.get(ident)
-                if first is not None:
-                    emit(path, Kind.HARDLINK, mode, link=first)
-                    continue
-                first_of[ident] = path
-            size = st.st_size
-            emit(path, Kind.FILE, mode, size)
-            counts.files += 1
-            if size:
-                counts.file_bytes += size
-                _copy_file(child.path, size, sink)
-                if size % BLOCK:
-                    sink.write(_PAD[size % BLOCK])
-                if progress is not None:
-                    progress(size)
-        else:
-            stack.pop()
-    _end(sink)
-    return counts
-
-
-_DIR, _DESCEND, _OTHER = 0, 1, 2
-
-
-def _first(item: tuple[bytes, int, object]) -> bytes:
-    return item[0]

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise
                 raise full from exc
     except EnvbuildError as exc:
-        if isinstance(exc, SpecError):
+        if isinstance(exc, SpecError) or isinstance(getattr(exc, "cause", None), SpecError):
             render.problem_lines(exc.lines())
         else:
             render.error_lines(exc.lines())

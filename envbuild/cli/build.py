@@ -18,7 +18,7 @@ from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
 from envbuild.oci import COMPRESSION, Compression
-from envbuild.progress import NULL, Progress, Task
+from envbuild.progress import NULL, Progress, Task, reporting
 
 if TYPE_CHECKING:
     from envbuild.build.pipeline import ImageBuild
@@ -122,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
             dry_run=args.dry_run,
             compression=Compression(args.compression),
             docker_archive=args.docker_archive,
-            progress=progress,
             builder=BuilderOptions(
                 mode=args.builder, network=args.builder_network, engine=docker_engine()
             ),
@@ -359,8 +358,10 @@ class progress_context:
     def __enter__(self) -> Progress:
         if isinstance(self.progress, RichProgress):
             self.progress.bars.start()
-        return self.progress
+        self._reporting = reporting(self.progress)
+        return self._reporting.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self._reporting.__exit__(None, None, None)
         if isinstance(self.progress, RichProgress):
             self.progress.bars.stop()

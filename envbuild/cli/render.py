@@ -56,7 +56,7 @@ def emit_json_error(exc: BaseException, exit_code: int) -> None:
     else:
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
     error: dict[str, Any] = {
-        "kind": type(exc).__name__,
+        "kind": getattr(exc, "kind", None) or type(exc).__name__,  # a stage's: its cause's
         "message": message,
         "hint": getattr(exc, "hint", None),
         "exit_code": exit_code,

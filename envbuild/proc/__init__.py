@@ -173,7 +173,7 @@ def uv_env(
     return env
 
 
-def run(
+def run(  # noqa: PLR0913
     argv: Sequence[Arg],
     *,
     tool: str | None = None,
@@ -273,6 +273,11 @@ def find_uv() -> str:
     except (ImportError, FileNotFoundError):
         pass
     return which("uv", env_var="UV", hint="install it with `pip install uv` or set $UV")
+
+
+def uv_version() -> str:
+    """What ``uv --version`` says (``uv 0.13.9``): part of the key of whatever uv installs."""
+    return run([find_uv(), "--version"], tool="uv", env=uv_env()).stdout.strip()
 
 
 FILTER_CHUNK = 1 << 20

@@ -83,7 +83,8 @@ class ContainerBuilder(Builder):
 
     ``python`` is the interpreter inside the image (the venv's, ``/opt/venv/bin/python``);
     ``engine`` runs the containers; ``base_env`` replaces ``os.environ`` as the source of the
-    proxy variables and ``SSL_CERT_FILE``.
+    proxy variables and ``SSL_CERT_FILE``; ``epoch`` (the plan's SOURCE_DATE_EPOCH, None when
+    unset) dates the image.
     """
 
     mode = "container"
@@ -98,14 +99,22 @@ class ContainerBuilder(Builder):
         network: str = "host",
         engine: ContainerEngine,
         base_env: Mapping[str, str] | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.store = store
+        self.mtime = epoch or 0
         self.python = python
         self.network = network
         self.engine = engine
         self.base_env = dict(os.environ if base_env is None else base_env)
         history = [image_mod.History(created_by="envbuild builder layer") for _ in layers]
-        self.image = image_mod.write_image(store, layers=layers, config=config, history=history)
+        self.image = image_mod.write_image(
+            store,
+            layers=layers,
+            config=config,
+            history=history,
+            created=image_mod.epoch_time(epoch),
+        )
         diff_ids = "\n".join(x.diff_id for x in layers)
         self.rootfs = "sha256:" + hashlib.sha256(diff_ids.encode()).hexdigest()
         self._probed: dict[bool, Toolchain] = {}
@@ -271,6 +280,7 @@ class ContainerBuilder(Builder):
                     self.image,
                     archive,
                     repo_tags=[f"envbuild/builder:{self.image_id.removeprefix('sha256:')[:12]}"],
+                    mtime=self.mtime,
                 )
                 loaded = self.engine.load(archive)
             if loaded.id != self.image_id:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from envbuild import progress
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
 from envbuild.build.manifest import PatchRecord, SourceBuildRecord
@@ -33,7 +34,6 @@ from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock import Lock
-from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder
 from envbuild.sourcebuild.inputs import build_key
@@ -114,7 +114,6 @@ def _base(
     made: Mapping[str, RealizedWheel],
     locked: Mapping[str, WheelRef],
     store: Store,
-    progress: Progress,
 ) -> _Base:
     if (earlier := made.get(dist)) is not None:
         w = earlier.wheel
@@ -126,7 +125,7 @@ def _base(
         )
 
     def fetch() -> Path:
-        return fetch_wheels([ref], store, progress=progress)[ref.sha256]
+        return fetch_wheels([ref], store)[ref.sha256]
 
     return _Base(ref.filename, ref.sha256, ref.version, [], fetch)
 
@@ -143,7 +142,6 @@ def realize_sources(
     builder: Callable[[], Builder],
     *,
     locked: Mapping[str, WheelRef] | None = None,
-    progress: Progress = NULL,
 ) -> SourcesResult:
     """Realise every source build and patch set of ``loaded``: each from the store, else from
     the remote cache in front of it, else built. ``builder`` makes the builder the first time
@@ -181,7 +179,7 @@ def realize_sources(
         wheels = _locked(loaded, lock) if locked is None else locked
         for dist, files in patch_sets(loaded, lock).items():
             refs = [r for _, r in files]
-            base = _base(dist, result.wheels, wheels, store, progress)
+            base = _base(dist, result.wheels, wheels, store)
             patched = patches_mod.realize_patch(
                 store, dist, base.path, files, filename=base.filename, wheel_sha256=base.sha256
             )
@@ -237,7 +235,7 @@ def stored_sources(
         if any(not path.is_file() or sha256_file(path) != ref.sha256 for path, ref in files):
             return None
         try:
-            base = _base(dist, out, locked, store, NULL)
+            base = _base(dist, out, locked, store)
         except ManifestError:
             return None
         inputs = patches_mod.patch_inputs(dist, base.filename, base.sha256, [r for _, r in files])

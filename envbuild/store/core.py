@@ -1,6 +1,6 @@
 """The content-addressed store: blobs named by their sha256, derivations named by their inputs.
 
-Public API (stable; E, F, G and H build on it)::
+Use::
 
     store = Store(root)        # or default_store(): $ENVBUILD_STORE, else
                                # $XDG_CACHE_HOME/envbuild/store, else ~/.cache/envbuild/store

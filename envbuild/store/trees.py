@@ -225,7 +225,7 @@ class Trees:
 
     # -- making and removing -----------------------------------------------------------------
 
-    def create(
+    def create(  # noqa: PLR0913
         self,
         key: str,
         *,

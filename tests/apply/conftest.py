@@ -214,7 +214,7 @@ def experiment(repo: Path, wheel_index: Index) -> Experiment:
     """``experiment(name, vllm=..., repo_id=..., extra=[...])`` writes specs/<name>.toml from
     tests/cases/apply/specs/tiny.toml, locks it with ``lock_spec``, and returns its path."""
 
-    def write(
+    def write(  # noqa: PLR0913
         name: str,
         *,
         vllm: str = "0.0.1",

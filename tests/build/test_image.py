@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from support.containerd import private_containerd
 from support.debianbase import DebianRootfs, need
 from support.podman import RUN_LIMITS, private_podman
+from support.treelayer import layer_from_tree
 
 from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
-from envbuild.build.image import History, Image, OciImageConfig, write_image
-from envbuild.build.layers import Compression, Layer, layer_from_tree
+from envbuild.build.image import History, Image, OciImageConfig, epoch_time, write_image
+from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
 from envbuild.store.core import Store
@@ -40,7 +41,11 @@ def app_tree(root: Path) -> Path:
 
 
 def build_image(
-    store: Store, base_layers: list[Layer], tree: Path, compression: Compression
+    store: Store,
+    base_layers: list[Layer],
+    tree: Path,
+    compression: Compression,
+    created: str | None = None,
 ) -> Image:
     app = layer_from_tree(store, tree, prefix="opt/app", compression=compression)
     config = OciImageConfig(
@@ -55,6 +60,7 @@ def build_image(
         layers=[*base_layers, app],
         config=config,
         history=[*history, History(created_by="envbuild: app")],
+        created=created,
     )
 
 
@@ -89,9 +95,11 @@ def test_a_tiny_image_is_canonical_and_deterministic(tmp_path):
     assert layout.config.digest == a.config_digest
 
 
-def test_source_date_epoch_dates_the_config(tmp_path, monkeypatch):
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    image = build_image(Store(tmp_path / "s"), [], app_tree(tmp_path / "t"), Compression.GZIP)
+def test_source_date_epoch_dates_the_config(tmp_path):
+    created = epoch_time(1_700_000_000)
+    image = build_image(
+        Store(tmp_path / "s"), [], app_tree(tmp_path / "t"), Compression.GZIP, created
+    )
     config = json.loads(Store(tmp_path / "s").read_blob(image.config_digest))
     assert config["created"] == "2023-11-14T22:13:20Z"
     assert {h["created"] for h in config["history"]} == {"2023-11-14T22:13:20Z"}
@@ -103,17 +111,20 @@ def test_a_build_dates_its_image_by_the_lock_cutoff_unless_source_date_epoch(tmp
     from envbuild.build.image import created_for
 
     cutoff = datetime(2026, 1, 1, tzinfo=UTC)
-    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
-    assert created_for(cutoff) == "2026-01-01T00:00:00Z"
+    assert created_for(cutoff, epoch_time(None)) == "2026-01-01T00:00:00Z"
     store = Store(tmp_path / "s")
     app = layer_from_tree(store, app_tree(tmp_path / "t"), prefix="opt/app")
-    image = write_image(store, layers=[app], config=OciImageConfig(),
-                        history=[History(created_by="x")], created=created_for(cutoff))  # fmt: skip
+    image = write_image(
+        store,
+        layers=[app],
+        config=OciImageConfig(),
+        history=[History(created_by="x")],
+        created=created_for(cutoff, None),
+    )
     config = json.loads(store.read_blob(image.config_digest))
     assert config["created"] == "2026-01-01T00:00:00Z"
     assert config["history"][0]["created"] == "2026-01-01T00:00:00Z"
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    assert created_for(cutoff) == "2023-11-14T22:13:20Z"
+    assert created_for(cutoff, epoch_time(1_700_000_000)) == "2023-11-14T22:13:20Z"
 
 
 @settings(max_examples=60, deadline=None)

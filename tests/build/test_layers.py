@@ -12,10 +12,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support.treelayer import layer_from_tree
 
 from envbuild.build import layers as layers_mod
-from envbuild.build.entries import Entry, Kind, LayerError, tree_entries, whiteout
-from envbuild.build.layers import Compression, layer_from_tree, open_uncompressed, write_layer
+from envbuild.build.entries import Entry, Kind, LayerError, whiteout
+from envbuild.build.layers import Compression, open_uncompressed, write_layer
 from envbuild.build.tarwrite import Sink, header
 from envbuild.errors import ToolFailed
 from envbuild.store.core import Store
@@ -54,13 +55,14 @@ PACK = textwrap.dedent(
     """
     import json, os, sys
     from pathlib import Path
-    from envbuild.build.layers import Compression, layer_from_tree
+    from envbuild.build.entries import tree_entries
+    from envbuild.build.layers import Compression, write_layer
     from envbuild.store.core import Store
     os.umask(0o077)
     out = {}
     for c in Compression:
-        layer = layer_from_tree(Store(sys.argv[1]), Path(sys.argv[2]), prefix="opt/venv",
-                                compression=c)
+        entries = tree_entries(Path(sys.argv[2]), prefix="opt/venv")
+        layer = write_layer(Store(sys.argv[1]), entries, compression=c)
         out[c.value] = layer.model_dump(mode="json")
     print(json.dumps(out))
     """
@@ -90,11 +92,13 @@ def test_same_tree_gives_same_digests_across_stores_umask_tz_and_order(tmp_path)
     assert here["zstd"]["digest"] != here["gzip"]["digest"]
 
 
-def test_source_date_epoch_sets_every_mtime(tmp_path, monkeypatch):
+def test_the_mtime_given_is_every_members_mtime(tmp_path):
+    """The build gives the plan's SOURCE_DATE_EPOCH (else 0), whatever the files' own times."""
     make_tree(tmp_path / "t", umask=0o022, order_seed=1, mtime=1_000_000_000)
     zero = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", compression=Compression.NONE)
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    sde = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", compression=Compression.NONE)
+    sde = layer_from_tree(
+        Store(tmp_path / "s"), tmp_path / "t", compression=Compression.NONE, mtime=1_700_000_000
+    )
     assert zero.diff_id != sde.diff_id
     listing = gnu_tar_listing(Store(tmp_path / "s").blob_path(sde.digest))
     assert {line.split()[3] for line in listing} == {"2023-11-14"}
@@ -212,27 +216,6 @@ def test_progress_counts_every_packed_byte(tmp_path):
     seen: list[int] = []
     layer = layer_from_tree(Store(tmp_path / "s"), tmp_path / "t", progress=seen.append)
     assert sum(seen) == layer.file_bytes == sum(len(d) for d, _x in FILES.values())
-
-
-def test_walked_tree_is_the_stream_of_its_sorted_entries(tmp_path):
-    """layer_from_tree writes the tree as it walks it; the bytes must be those of the sorted,
-    arranged entry list (a directory's contents sort as its name plus '/')."""
-    tree = tmp_path / "t"
-    make_tree(tree, umask=0o022, order_seed=4, mtime=0)
-    for rel in ("a/x", "a.txt", "a0", "a/.hidden", "ab/z", "deep/" + "p/" * 40 + "f"):
-        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tree / rel).write_bytes(rel.encode() * 300)
-    os.link(tree / "a.txt", tree / "a/z-hard")  # the content goes to a.txt: first in order
-    (tree / "a" / "to-dir").symlink_to("../ab")
-    store = Store(tmp_path / "s")
-    for prefix in ("", "opt/venv"):
-        walked = layer_from_tree(store, tree, prefix=prefix, compression=Compression.NONE)
-        listed = write_layer(store, tree_entries(tree, prefix=prefix), compression=Compression.NONE)
-        assert walked == listed
-    (tmp_path / "empty").mkdir()
-    empty = layer_from_tree(store, tmp_path / "empty", prefix="opt/venv")
-    assert empty == write_layer(store, [])
-    assert empty.entries == 0
 
 
 def test_a_file_of_another_size_than_its_stat_is_refused(tmp_path):

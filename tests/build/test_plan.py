@@ -8,7 +8,7 @@ import pytest
 
 from envbuild.build.config import image_config
 from envbuild.build.install import VenvTarget, WheelRef
-from envbuild.build.plan import PlanOptions, bucket, layer_plan
+from envbuild.build.plan import PlanOptions, bucket, layer_plan, shared_inputs
 from envbuild.build.wheels import target_tags
 from envbuild.errors import UserError
 from envbuild.spec import load_spec
@@ -23,15 +23,10 @@ def wheel(name: str, version: str = "1.0", size: int = 100_000) -> WheelRef:
 
 
 def plan(wheels: list[WheelRef], **kw: object) -> dict[str, object]:
-    opts = {
-        "target": TARGET,
-        "installer": "uv 0.13.9",
-        "pack": {"compressor": "zstd -3"},
-        "source_date_epoch": 0,
-        "options": PlanOptions(),
-        "base_layers": 1,
-        **kw,
-    }
+    common = {"target": TARGET, "installer": "uv 0.13.9", "pack": {"compressor": "zstd -3"},
+              "source_date_epoch": 0}  # fmt: skip
+    common |= {k: kw.pop(k) for k in list(kw) if k in common}
+    opts = {"shared": shared_inputs(**common), "options": PlanOptions(), "base_layers": 1, **kw}  # type: ignore[arg-type]
     layers = layer_plan(wheels, **opts)  # type: ignore[arg-type]
     return {layer.name: layer for layer in layers}
 
@@ -43,10 +38,7 @@ BIG = [wheel("torch", "2.9.0", 900 * MB), wheel("nvidia-cublas", "13.0", 500 * M
 def test_big_distributions_get_layers_of_their_own_and_vllm_is_on_top() -> None:
     layers = layer_plan(
         [*SMALL, *BIG, wheel("vllm", "0.33.0", 400 * MB)],
-        target=TARGET,
-        installer="uv",
-        pack={},
-        source_date_epoch=0,
+        shared=shared_inputs(TARGET, "uv", {}, 0),
         options=PlanOptions(),
         base_layers=1,
         top=["vllm"],

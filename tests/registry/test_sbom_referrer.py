@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 from support.registry import Registry
+from support.treelayer import layer_from_tree
 
 from envbuild.build import sbom
 from envbuild.build.image import History, OciImageConfig, write_image
-from envbuild.build.layers import Compression, layer_from_tree
+from envbuild.build.layers import Compression
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.oci import open_layout
 from envbuild.store.core import Store

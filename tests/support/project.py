@@ -60,7 +60,7 @@ def sdist_file(path: Path) -> LockedFile:
     )
 
 
-def write_project(
+def write_project(  # noqa: PLR0913
     repo: Path,
     name: str,
     wheels: list[WheelRef],

@@ -1,6 +1,6 @@
 """The bottom of an image: a Debian package set, a registry image, a local OCI layout or rootfs.
 
-Public API (stable; E builds on it)::
+Use::
 
     base = build_base(store, loaded, lock.tool.envbuild.base)   # -> BaseImage
     base.layers, base.config, base.history, base.lock           # lock: the BaseLock to record
@@ -39,17 +39,19 @@ def build_base(
     *,
     compression: Compression = Compression.ZSTD,
     tls_verify: bool = True,
+    sde: int = 0,
 ) -> BaseImage:
     """The base ``loaded.spec.base`` names. A Debian base is built from the package set ``lock``
     pins (resolved against its mirror first when there is none: see ``BaseImage.lock``); the
     other kinds are pinned by the spec itself (digest, sha256). ``tls_verify=False`` lets a
-    registry base come from a plain-HTTP registry (tests)."""
+    registry base come from a plain-HTTP registry (tests). ``sde``: the mtime of what is built
+    here (a Debian rootfs, a tarball's layer): the plan's SOURCE_DATE_EPOCH."""
     from envbuild.lock.base import lock_base  # lazily: envbuild.lock may use this package
 
     spec_base = loaded.spec.base
     if spec_base.kind == "debian":
         pinned = lock if isinstance(lock, DebianBaseLock) else None
-        return debian.build(store, spec_base, pinned, compression=compression)
+        return debian.build(store, spec_base, pinned, compression=compression, sde=sde)
     pin = lock_base(loaded)
     limits = Limits.of(spec_base.max_unpacked_gib)
     if isinstance(pin, ImageBaseLock):
@@ -58,7 +60,9 @@ def build_base(
     if isinstance(pin, OciLayoutBaseLock):
         return rootfs.from_oci_layout(store, root / pin.path, pin, limits=limits)
     assert isinstance(pin, RootfsBaseLock)
-    return rootfs.from_tarball(store, root / pin.path, pin, compression=compression, limits=limits)
+    return rootfs.from_tarball(
+        store, root / pin.path, pin, compression=compression, limits=limits, sde=sde
+    )
 
 
 def resolve_debian(store: Store, spec_base: Any) -> DebianBaseLock:

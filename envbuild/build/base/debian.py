@@ -206,11 +206,16 @@ def _output(repacked: tuple[Layer, dict[str, str]], lock: DebianBaseLock) -> Out
 
 
 def resolve(
-    store: Store, spec_base: Any, *, compression: Compression = Compression.ZSTD
+    store: Store,
+    spec_base: Any,
+    *,
+    compression: Compression = Compression.ZSTD,
+    sde: int | None = None,
 ) -> DebianBaseLock:
     """Resolve the package set of ``spec_base`` against its mirror: run mmdebstrap once and pin
-    what it installed. Its rootfs is stored as the build of the pinned set."""
-    sde = source_date_epoch()
+    what it installed. Its rootfs is stored as the build of the pinned set, with mtimes ``sde``
+    (a build's plan's SOURCE_DATE_EPOCH; for ``envbuild lock``, which has no plan, the env's)."""
+    sde = (source_date_epoch() or 0) if sde is None else sde
     with store.session(), store.temp_dir(scratch.CHROOT) as work:
         tar, packages = _mmdebstrap(work, spec_base, None, sde)
         lock = DebianBaseLock(
@@ -233,10 +238,11 @@ def build(
     lock: DebianBaseLock | None,
     *,
     compression: Compression = Compression.ZSTD,
+    sde: int = 0,
 ) -> BaseImage:
     """The Debian base of ``spec_base``, built from the exact package set of ``lock`` (resolved
     first when the lock has none, or was made for another suite, mirror, variant or include
-    list)."""
+    list), every mtime ``sde`` (the plan's SOURCE_DATE_EPOCH)."""
     stale = (
         lock is None
         or not lock.packages
@@ -249,10 +255,9 @@ def build(
         )
     )
     if stale:
-        lock = resolve(store, spec_base, compression=compression)
+        lock = resolve(store, spec_base, compression=compression, sde=sde)
     assert lock is not None
     pinned = lock
-    sde = source_date_epoch()
     inputs = _inputs(spec_base, pinned, compression, sde)
 
     def builder() -> Output:

@@ -41,7 +41,6 @@ from envbuild.build.layers import (
     Layer,
     compression_of,
     compressor_id,
-    source_date_epoch,
     write_layer,
 )
 from envbuild.errors import IntegrityError, ManifestError
@@ -302,10 +301,11 @@ def from_tarball(
     *,
     compression: Compression = Compression.ZSTD,
     limits: Limits | None = None,
+    sde: int = 0,
 ) -> BaseImage:
     """The rootfs tarball at ``path``, which must have sha256 ``pin.sha256`` (plain, gzip, xz,
-    zstd or bzip2), read under ``limits``."""
-    sde = source_date_epoch()
+    zstd or bzip2), read under ``limits``, repacked with mtimes ``sde`` (the plan's
+    SOURCE_DATE_EPOCH)."""
     inputs = {
         "recipe": RECIPE,
         "sha256": pin.sha256,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.debianbase import DebianRootfs, need
+from support.treelayer import layer_from_tree
 
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
@@ -22,7 +23,6 @@ from envbuild.build.entries import Entry, Kind, opaque, whiteout
 from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import (
     Compression,
-    layer_from_tree,
     open_uncompressed,
     write_layer,
 )
