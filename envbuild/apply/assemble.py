@@ -40,7 +40,7 @@ from envbuild.fsio import record_digest, sha256_file
 from envbuild.snapshot import hashing, records
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
 from envbuild.store.core import Store, derivation_key
-from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key
+from envbuild.store.trees import TreeManifest, TreeOf, Trees, copy_into, tree_key
 
 log = logging.getLogger(__name__)
 
@@ -318,10 +318,7 @@ class Assembler:
             self.trees.remove(key)  # its choice record was lost or it failed its check
         manifest = self.trees.create(
             key,
-            dist=dist,
-            version=version,
-            wheel=wheel,
-            layout=self.layout,
+            TreeOf(dist, version, wheel, self.layout),
             sources={rel: f"{venv}/{rel}" for rel in files},
             digests=digests,
             shared=shared & set(files),

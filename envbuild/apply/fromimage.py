@@ -49,7 +49,7 @@ from envbuild.oci.blobs import layer_compression
 from envbuild.snapshot import pyenv
 from envbuild.spec.model import Spec
 from envbuild.store.core import Store, derivation_key
-from envbuild.store.trees import TreeManifest, Trees, copy_into
+from envbuild.store.trees import TreeManifest, TreeOf, Trees, copy_into
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,7 @@ def layer_tree(src: ImageSource, layer: ImageLayer, store: Store, tree: Tree) ->
         holding = {os.path.dirname(r) for r in [*files, *links]}
         holding |= {a for r in holding for a in _parents(r)}
         manifest = trees.create(
-            key, dist=layer.name, version="", wheel=None,
-            layout={"image_layer": layer.diff_id, "venv": src.venv},
+            key, TreeOf(layer.name, "", None, {"image_layer": layer.diff_id, "venv": src.venv}),
             sources=files, digests=digests, dirs=sorted(dirs - holding - {""}), links=links,
         )  # fmt: skip
     src.traffic.trees_made += 1

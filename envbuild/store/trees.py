@@ -24,6 +24,7 @@ import os
 import shutil
 import stat
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,17 @@ def _mode(st_mode: int) -> int:
     return 0o555 if st_mode & 0o111 else 0o444
 
 
+@dataclass(frozen=True)
+class TreeOf:
+    """What a tree is the install of: a distribution at a version (``wheel``: the file it came
+    from, None for an image layer) and the install facts it was made under."""
+
+    dist: str
+    version: str
+    wheel: str | None
+    layout: Mapping[str, Any]
+
+
 class Trees:
     """The install trees of one store (``<store>/trees``)."""
 
@@ -225,14 +237,11 @@ class Trees:
 
     # -- making and removing -----------------------------------------------------------------
 
-    def create(  # noqa: PLR0913
+    def create(
         self,
         key: str,
+        of: TreeOf,
         *,
-        dist: str,
-        version: str,
-        wheel: str | None,
-        layout: Mapping[str, Any],
         sources: Mapping[str, str | Path],
         digests: Mapping[str, str],
         shared: Iterable[str] = (),
@@ -245,6 +254,7 @@ class Trees:
         against its RECORD). Each is moved in, or hard-linked where its path is in ``shared``
         (another tree takes the same file). Call inside a store session. If another process made
         the tree first, its tree is kept and this one dropped."""
+        dist, version = of.dist, of.version
         shared_paths = set(shared)
         self.root.mkdir(parents=True, exist_ok=True)
         # the store's scratch space: what a killed run leaves there, gc removes
@@ -286,8 +296,8 @@ class Trees:
                 key=key,
                 dist=dist,
                 version=version,
-                wheel=wheel,
-                layout=dict(layout),
+                wheel=of.wheel,
+                layout=dict(of.layout),
                 files=entries,
                 as_published=sorted(as_published),
                 dirs=folders,

@@ -137,7 +137,7 @@ def test_no_tree_file_is_written_through_a_lower_layers_link(tmp_path: Path) -> 
 
     from envbuild.apply.fromimage import _link
     from envbuild.errors import IntegrityError
-    from envbuild.store.trees import Trees
+    from envbuild.store.trees import TreeOf, Trees
 
     store = Store(tmp_path / "store")
     outside = tmp_path / "elsewhere"
@@ -146,9 +146,9 @@ def test_no_tree_file_is_written_through_a_lower_layers_link(tmp_path: Path) -> 
     staged.write_bytes(b"evil\n")
     trees = Trees(store)
     with store.session():
-        lower = trees.create("a" * 64, dist="venv", version="", wheel=None, layout={},
+        lower = trees.create("a" * 64, TreeOf("venv", "", None, {}),
                              sources={}, digests={}, links={"lib": str(outside)})  # fmt: skip
-        upper = trees.create("b" * 64, dist="dist", version="", wheel=None, layout={},
+        upper = trees.create("b" * 64, TreeOf("dist", "", None, {}),
                              sources={"lib/evil": staged},
                              digests={"lib/evil": h.sha256(b"evil\n").hexdigest()})  # fmt: skip
         with pytest.raises(IntegrityError, match="below the symlink lib"):

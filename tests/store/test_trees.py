@@ -13,7 +13,7 @@ import pytest
 from envbuild.fsio import sha256_file
 from envbuild.store.core import Store
 from envbuild.store.gc import collect, collect_trees
-from envbuild.store.trees import Trees, tree_key
+from envbuild.store.trees import TreeOf, Trees, tree_key
 
 LAYOUT = {"python": "3.11", "installer": "uv 0.13.9", "venv": "uv venv --relocatable"}
 
@@ -36,7 +36,7 @@ def make(store: Store, tmp: Path, wheel: str = "ab" * 32) -> str:
     digests = {rel: sha256_file(p) for rel, p in sources.items()}
     with store.session():
         Trees(store).create(
-            key, dist="m", version="1", wheel=wheel, layout=LAYOUT, sources=sources,
+            key, TreeOf("m", "1", wheel, LAYOUT), sources=sources,
             digests=digests,
         )  # fmt: skip
     return key
