@@ -30,7 +30,7 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed
-from envbuild.snapshot import records
+from envbuild.snapshot import contents, records
 from envbuild.snapshot.distinfo import UnreadableFiles, describe, find_dists
 from envbuild.snapshot.hashing import hash_one, stat_one
 from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv
@@ -213,6 +213,8 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     merged = records.merge(dists, records.check(dists, mode, meanwhile=meanwhile))
     checked_at = time.perf_counter()
     unowned, added = _unrecorded(dists, found, merged, mode)
+    unlisted = {a.path: a.sha256 for a in added}
+    shared = {o.path for o in merged.overlaps}  # compared as overlaps: whose bytes are there
     # a metadata file RECORD lists is found by both looks: named once
     unreadable = [f"{path} ({d.name}): {why}" for d in dists for path, why in d.unreadable]
     unreadable = list(dict.fromkeys(unreadable + merged.unreadable))
@@ -246,14 +248,28 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
         implementation=interp.implementation,
         site_packages=interp.site_packages,
         integrity=mode,
-        distributions=sorted((_to_model(d) for d in dists), key=lambda d: (d.name, d.version)),
+        distributions=sorted(
+            (_to_model(d, unlisted, shared) for d in dists), key=lambda d: (d.name, d.version)
+        ),
         overlaps=merged.overlaps,
         unowned=unowned,
         added=added,
     )
 
 
-def _to_model(d: Dist) -> Distribution:
+def _to_model(d: Dist, unlisted: dict[str, str | None], shared: set[str]) -> Distribution:
+    """The distribution as the snapshot keeps it; ``unlisted``: every file no RECORD lists, by
+    path, and its hex sha256; ``shared``: the paths several distributions list (left out of
+    its contents: which owner's bytes are there is the overlap's finding)."""
+    digest = None
+    if d.record is not None:
+        digest = contents.files_sha256(
+            d.dist_info,
+            [(e.shown, e.sha256) for e in d.entries() if e.shown not in shared],
+            {m.path: m.sha256 for m in d.modified},
+            set(d.missing),
+            {path: unlisted.get(path) for path in d.unrecorded},
+        )
     return Distribution(
         name=d.name,
         version=d.version,
@@ -266,6 +282,7 @@ def _to_model(d: Dist) -> Distribution:
         missing=sorted(d.missing),
         unrecorded=sorted(d.unrecorded),
         modes=_modes(d),
+        files_sha256=digest,
     )
 
 

@@ -5,15 +5,16 @@ distribution's usual mode, and the result as :class:`DiffResult`."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from envbuild.errors import ManifestError
 from envbuild.snapshot.diff.envfacts import MODES
-from envbuild.snapshot.diff.facts import Fact, Side
+from envbuild.snapshot.diff.facts import ABSENT, Fact, Side
 from envbuild.snapshot.diff.machine import GPU_CONFIG, snapshot_facts
 from envbuild.snapshot.diff.manifest import build_manifest_facts
+from envbuild.snapshot.diff.same import contents, same_mode
 from envbuild.snapshot.jsonfile import read_json
 from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
 from envbuild.snapshot.refs import check_build_manifest
@@ -53,6 +54,7 @@ class DiffResult:
     groups: list[Group]
     not_compared: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how the sides were paired, …
+    info: list[str] = field(default_factory=list)  # what differs by design, not a difference
 
     @property
     def different(self) -> bool:
@@ -66,6 +68,7 @@ class DiffResult:
             "groups": [asdict(g) for g in self.groups if g.changes],
             "not_compared": self.not_compared,
             "notes": self.notes,
+            "info": self.info,
         }
 
 
@@ -188,9 +191,67 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after_fields=fb.data if fb is not None else None,
                 )
             )
+    same_contents(result, a, b)
     result.groups.sort(key=lambda g: _group_order(g.key))
     result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
     return result
+
+
+def same_contents(result: DiffResult, a: Side, b: Side) -> None:
+    """Apply the identity rule of :mod:`.same` to each environment both sides have: a
+    distribution with the same public version and the same files on both sides did not change
+    (its package, file and patch lines go; a patch that makes it so is ``info``), and one with
+    other files gets a package line that names the files where they differ."""
+    groups = {g.key: g for g in result.groups}
+    for key, pkgs in groups.items():
+        if not key.startswith("packages "):
+            continue
+        env = key.removeprefix("packages ")
+        files = groups.get(f"files {env}", Group("", ""))
+        patches = groups.get(f"patches {env}", Group("", ""))
+        for name, c in contents(a.groups[key][2], b.groups[key][2]).items():
+            ours = [ch for ch in files.changes if (ch.item or {}).get("distribution") == name]
+            had = next((ch for ch in pkgs.changes if ch.subject == name), None)
+            if not c.same and c.before == c.after and ours:
+                continue  # the same version: the file lines name what differs
+            pkgs.changes = [ch for ch in pkgs.changes if ch.subject != name]
+            if not c.same:
+                paths = sorted({str(ch.item["path"]) for ch in ours if ch.item})
+                which = (
+                    f"other bytes in {', '.join(paths)}"
+                    if paths
+                    else "other files: their RECORDs differ, and neither side names which"
+                )
+                item = {"kind": "package", "environment": env, "name": name}
+                line = Change(name, c.before, f"{c.after} ({which})", item=item)
+                pkgs.changes.append(replace(had, after=f"{had.after} ({which})") if had else line)
+                pkgs.changes.sort(key=lambda ch: ch.subject)
+                continue
+            files.changes = [ch for ch in files.changes if ch not in ours]
+            patched = [ch for ch in patches.changes if ch.subject == name]
+            for ch in patched:
+                patches.changes.remove(ch)
+                result.info.append(_patch_info(name, c.before, c.after, ch, a.label, b.label))
+            if had is not None and not patched:  # e.g. a RECORD rewritten to the files there
+                result.info.append(
+                    f"{name}: {had.before or ABSENT} → {had.after or ABSENT}, the same files"
+                )
+
+
+def _patch_info(name: str, va: str, vb: str, ch: Change, la: str, lb: str) -> str:
+    """What a patch that gives the other side's files is, as one line."""
+    if ch.before is None or ch.after is None:  # patched on one side only
+        (pv, pl, patches), (ov, ol) = (
+            ((vb, lb, ch.after), (va, la)) if ch.before is None else ((va, la, ch.before), (vb, lb))
+        )
+        return (
+            f"{name}: {pv} ({pl}) has the same files as {ov} ({ol}): its declared patches "
+            f"{patches} make them so"
+        )
+    return (
+        f"{name}: the same files on both sides ({va} in {la}, {vb} in {lb}); the patches "
+        f"({ch.before} → {ch.after}) make them so"
+    )
 
 
 _ORDER = (
@@ -237,7 +298,7 @@ def _mode_changes(
     usual_b = {s: f.text for s, f in facts_b.items() if "path" not in (f.item or {})}
     both = usual_a.keys() & usual_b.keys()
     for name in sorted(both):
-        if usual_a[name] != usual_b[name]:
+        if not same_mode(usual_a[name], usual_b[name]):
             group.changes.append(
                 Change(
                     f"the other files of {name}",
@@ -256,7 +317,7 @@ def _mode_changes(
             continue
         before = fa.text if fa is not None else usual_a[dist]
         after = fb.text if fb is not None else usual_b[dist]
-        if before != after:
+        if not same_mode(before, after):
             group.changes.append(
                 Change(
                     subject,
