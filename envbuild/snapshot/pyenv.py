@@ -265,7 +265,7 @@ def _to_model(d: Dist, unlisted: dict[str, str | None], shared: set[str]) -> Dis
     if d.record is not None:
         digest = contents.files_sha256(
             d.dist_info,
-            [(e.shown, e.sha256) for e in d.entries() if e.shown not in shared],
+            [e for e in records.digests(d) if e[0] not in shared],
             {m.path: m.sha256 for m in d.modified},
             set(d.missing),
             {path: unlisted.get(path) for path in d.unrecorded},
