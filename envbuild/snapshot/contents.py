@@ -8,12 +8,14 @@ environments whose distribution holds the same bytes at the same paths agree on 
 their RECORDs say: a venv edited by hand and a generation whose declared patch made the same
 edit have the same contents.
 
+A path two distributions list is in each owner's contents with the bytes on disk (the snapshot
+finds which owner's line they match): an edit of it changes both owners' contents.
+
 Left out, because installers and envbuild's patch step write them, not the distribution: the
 installer files of its ``.dist-info`` (:data:`INSTALLER_FILES`), ``METADATA`` (it holds the
 version, compared as the version) and ``envbuild-patches.json`` (compared as the patches),
-bytecode, every file outside site-packages (entry-point scripts get the interpreter's path),
-and the paths two distributions list (whose bytes are there is the overlap's finding, compared
-as such).
+bytecode, and every file outside site-packages (entry-point scripts get the interpreter's
+path). A file line of a path left out (:func:`counted`) is compared on its own, as before.
 The ``.dist-info`` folder is named without its version, so a patched wheel's renamed folder holds
 the same paths.
 """
@@ -58,6 +60,13 @@ def content_key(path: str, dist_info: str) -> str | None:
             return None
         return "/".join([".dist-info", *parts[1:]])
     return path
+
+
+def counted(path: str) -> bool:
+    """Whether a site-packages path is in its distribution's contents (whichever distribution's
+    ``.dist-info`` it is in)."""
+    head = path.split("/", 1)[0]
+    return content_key(path, head if head.endswith(".dist-info") else "") is not None
 
 
 def files_sha256(

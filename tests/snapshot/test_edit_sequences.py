@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.recordednvml import h200
 
@@ -123,10 +123,24 @@ def _alphas(target: str) -> bool:
     return target.startswith("alpha/") or target == "shared/common.py"
 
 
+#: Examples a run tries (each a copy of the venv and four snapshots, ~1.5 s): few in CI, and
+#: EDIT_EXAMPLES=1000 or more by hand after a change of how environments are compared.
+EXAMPLES = int(os.environ.get("EDIT_EXAMPLES", "25"))
+
+
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(before=edits, after=edits, first=modes, second=modes)
+# found by this test once distributions were compared by their files' bytes: a path two
+# distributions list, edited and then deleted (left out of their contents, it was not named),
+# and an unrecorded file's chmod (its line dropped with alpha's same files)
+@example(before=[("same-size", "shared/common.py", 136)],
+         after=[("delete", "shared/common.py", 1)], first="quick", second="quick")  # fmt: skip
+@example(before=[("append", "alpha/models/extra.py", 1)],
+         after=[("chmod", "alpha/models/extra.py", 2)], first="full", second="full")  # fmt: skip
 def test_every_edit_after_the_snapshot_is_named_by_verify_and_diff(
     base_venv: Path, before: list[Any], after: list[Any], first: str, second: str
 ) -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import ManifestError
+from envbuild.snapshot.contents import counted
 from envbuild.snapshot.diff.envfacts import MODES
 from envbuild.snapshot.diff.facts import ABSENT, Fact, Side
 from envbuild.snapshot.diff.machine import GPU_CONFIG, snapshot_facts
 from envbuild.snapshot.diff.manifest import build_manifest_facts
-from envbuild.snapshot.diff.same import contents, same_mode
+from envbuild.snapshot.diff.same import Contents, contents, same_mode
 from envbuild.snapshot.jsonfile import read_json
 from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
 from envbuild.snapshot.refs import check_build_manifest
@@ -161,7 +162,7 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after = f"{fb.text}, sha256 {fb.digest[:12]}"
                     if fa.detail and fb.detail and fa.detail != fb.detail:  # e.g. its mode
                         before, after = f"{before}, {fa.detail}", f"{after}, {fb.detail}"
-                elif None in (fa.detail, fb.detail) or fa.detail == fb.detail:
+                elif None in (fa.detail, fb.detail) or _same_detail(fa.detail, fb.detail):
                     continue  # only the size moved: not a change of what is there
                 else:
                     before, after = fa.detail, fb.detail
@@ -197,11 +198,20 @@ def compare(a: Side, b: Side) -> DiffResult:
     return result
 
 
+def _same_detail(a: str | None, b: str | None) -> bool:
+    """Whether two facts' details say the same; an unrecorded file's ``mode …`` by
+    :func:`~.same.same_mode` (read-only is writable with the same other bits)."""
+    if a is not None and b is not None and a.startswith("mode ") and b.startswith("mode "):
+        return same_mode(a.removeprefix("mode "), b.removeprefix("mode "))
+    return a == b
+
+
 def same_contents(result: DiffResult, a: Side, b: Side) -> None:
     """Apply the identity rule of :mod:`.same` to each environment both sides have: a
     distribution with the same public version and the same files on both sides did not change
-    (its package, file and patch lines go; a patch that makes it so is ``info``), and one with
-    other files gets a package line that names the files where they differ."""
+    (its package, patch and file lines go, but a file whose mode changed; a patch that makes it
+    so is ``info``), and one with other files keeps its file lines and gets a package line that
+    says where they differ as far as the sides tell (:func:`_where`)."""
     groups = {g.key: g for g in result.groups}
     for key, pkgs in groups.items():
         if not key.startswith("packages "):
@@ -209,6 +219,7 @@ def same_contents(result: DiffResult, a: Side, b: Side) -> None:
         env = key.removeprefix("packages ")
         files = groups.get(f"files {env}", Group("", ""))
         patches = groups.get(f"patches {env}", Group("", ""))
+        modes = groups.get(MODES + env)
         for name, c in contents(a.groups[key][2], b.groups[key][2]).items():
             ours = [ch for ch in files.changes if (ch.item or {}).get("distribution") == name]
             had = next((ch for ch in pkgs.changes if ch.subject == name), None)
@@ -216,18 +227,19 @@ def same_contents(result: DiffResult, a: Side, b: Side) -> None:
                 continue  # the same version: the file lines name what differs
             pkgs.changes = [ch for ch in pkgs.changes if ch.subject != name]
             if not c.same:
-                paths = sorted({str(ch.item["path"]) for ch in ours if ch.item})
-                which = (
-                    f"other bytes in {', '.join(paths)}"
-                    if paths
-                    else "other files: their RECORDs differ, and neither side names which"
-                )
+                which = _where(c, ours)
                 item = {"kind": "package", "environment": env, "name": name}
                 line = Change(name, c.before, f"{c.after} ({which})", item=item)
                 pkgs.changes.append(replace(had, after=f"{had.after} ({which})") if had else line)
                 pkgs.changes.sort(key=lambda ch: ch.subject)
                 continue
-            files.changes = [ch for ch in files.changes if ch not in ours]
+            for ch in ours:  # the same bytes at every path: what a line can still say is a mode
+                if not counted(str((ch.item or {}).get("path"))):
+                    continue  # not in the contents (a script, an installer file): compared alone
+                files.changes.remove(ch)
+                moved = _mode_moved(ch, env, name, a, b)
+                if moved is not None and modes is not None:
+                    modes.changes.append(moved)
             patched = [ch for ch in patches.changes if ch.subject == name]
             for ch in patched:
                 patches.changes.remove(ch)
@@ -236,6 +248,59 @@ def same_contents(result: DiffResult, a: Side, b: Side) -> None:
                 result.info.append(
                     f"{name}: {had.before or ABSENT} → {had.after or ABSENT}, the same files"
                 )
+        if modes is not None:
+            modes.changes.sort(key=lambda ch: ch.subject)
+
+
+def _where(c: Contents, ours: list[Change]) -> str:
+    """Where a distribution's files differ, as far as the sides tell: with the same RECORD on
+    both, exactly the paths whose file lines differ; with other RECORDs, a path can differ
+    where neither side differs from its own RECORD (the snapshot keeps a RECORD's digest, not
+    its lines), so the file lines are named as such, not as the only places."""
+    paths = sorted({str(ch.item["path"]) for ch in ours if ch.item})
+    if c.same_record and paths:
+        return f"other bytes in {', '.join(paths)}"
+    if paths:
+        verb = "differs" if len(paths) == 1 else "differ"
+        return (
+            f"other files: {', '.join(paths)} {verb} from a RECORD; the two RECORDs differ, "
+            "so other paths may too"
+        )
+    return "other files: their RECORDs differ, and neither side names which"
+
+
+def _mode_moved(ch: Change, env: str, dist: str, a: Side, b: Side) -> Change | None:
+    """The mode change a file line of a distribution with the same files on both sides still
+    holds, as a modes line (None: none). A file no RECORD lists records its mode as it is found
+    (:class:`~envbuild.snapshot.model.pyenv.AddedFile`); one its RECORD lists has it in the
+    modes table (that of the file, else its distribution's usual one)."""
+    path = str((ch.item or {}).get("path"))
+    ma = _mode_of(a, env, dist, path, ch.before_fields)
+    mb = _mode_of(b, env, dist, path, ch.after_fields)
+    if ma is None or mb is None or same_mode(ma, mb):
+        return None
+    return Change(
+        f"{path} ({dist})",
+        f"mode {ma}",
+        f"mode {mb}",
+        item=ch.item,
+        before_fields={"status": "mode", "mode": ma},
+        after_fields={"status": "mode changed", "mode": mb},
+    )
+
+
+def _mode_of(side: Side, env: str, dist: str, path: str, data: dict[str, Any] | None) -> str | None:
+    """A file's mode on one side: as found when no RECORD lists it, else from the modes table
+    (None: not known, or not there)."""
+    status = (data or {}).get("status")
+    if status == "added":
+        mode = (data or {}).get("mode")
+        return str(mode) if mode is not None else None
+    if status == "missing":
+        return None
+    table = side.groups.get(MODES + env, ("", True, {}))[2]
+    found = table.get(f"{path} ({dist})") or table.get(dist)
+    return found.text if found is not None else None
 
 
 def _patch_info(name: str, va: str, vb: str, ch: Change, la: str, lb: str) -> str:

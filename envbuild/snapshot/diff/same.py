@@ -49,6 +49,7 @@ class Contents:
     before: str  # the version on side a
     after: str
     same: bool
+    same_record: bool  # the same RECORD digest on both sides
 
 
 def contents(facts_a: dict[str, Fact], facts_b: dict[str, Fact]) -> dict[str, Contents]:
@@ -61,5 +62,6 @@ def contents(facts_a: dict[str, Fact], facts_b: dict[str, Fact]) -> dict[str, Co
         ha, hb = da.get("files_sha256"), db.get("files_sha256")
         if ha is None or hb is None or unpatched_version(va) != unpatched_version(vb):
             continue
-        out[name] = Contents(name, va, vb, ha == hb)
+        ra, rb = da.get("record_sha256"), db.get("record_sha256")
+        out[name] = Contents(name, va, vb, ha == hb, ra is not None and ra == rb)
     return out
