@@ -121,3 +121,32 @@ def test_the_patch_marker_is_the_only_version_part_set_aside() -> None:
     assert unpatched_version("2.9.0+cu130.envbuild.0123456789") == "2.9.0+cu130"
     assert unpatched_version("2.9.0+cu130") == "2.9.0+cu130"
     assert unpatched_version("1.0") == "1.0"
+
+
+@pytest.mark.parametrize(("hand_mode", "drift"), [(0o644, False), (0o755, True)])
+def test_an_unrecorded_file_a_patch_creates_is_compared_by_mode(
+    tmp_path: Path, hand_mode: int, drift: bool
+) -> None:
+    """An unrecorded file of the hand-built venv that the generation's patch creates (listed
+    there, read-only): the same file when only the write bits differ, drift naming both modes
+    when its executable bit went."""
+    wheel = make_wheel(tmp_path / "w", "gamma", "1.0", FILES)
+    venv = _venv(tmp_path / "hand", wheel)
+    new = site_packages(venv) / "gamma" / "new.py"
+    new.write_text("N = 1\n")
+    new.chmod(hand_mode)
+    snap = take_snapshot(
+        Options(pythons=[str(venv)], docker=False, systemd=False, models=False, nvml=h200("idle"))
+    )
+    manifest = tmp_path / "hand.json"
+    manifest.write_text(canonical_json(snap.model_dump(mode="json")))
+    patch = tmp_path / "new.patch"
+    patch.write_text("--- /dev/null\n+++ b/gamma/new.py\n@@ -0,0 +1 @@\n+N = 1\n")
+    ref = PatchRef(path="patches/new.patch", sha256=hashlib.sha256(patch.read_bytes()).hexdigest())
+    made = patch_wheel(wheel, [(patch, ref)], "0123456789", tmp_path / "new")
+    gen = _venv(tmp_path / "gen", tmp_path / "new" / made.wheel)
+    _read_only(site_packages(gen))
+    found, lines = _check(manifest, gen)
+    assert found is drift, lines
+    shown = [line for line in lines if line.startswith("  ")]
+    assert shown == ([f"  gamma/new.py (gamma): mode {hand_mode:04o} → mode 0444"] if drift else [])

@@ -275,6 +275,9 @@ def _mode_moved(ch: Change, env: str, dist: str, a: Side, b: Side) -> Change | N
     (:class:`~envbuild.snapshot.model.pyenv.AddedFile`); one its RECORD lists has it in the
     modes table (that of the file, else its distribution's usual one)."""
     path = str((ch.item or {}).get("path"))
+    statuses = {(fields or {}).get("status") for fields in (ch.before_fields, ch.after_fields)}
+    if "added" not in statuses:
+        return None  # listed on both sides: the modes group compares it (_mode_changes)
     ma = _mode_of(a, env, dist, path, ch.before_fields)
     mb = _mode_of(b, env, dist, path, ch.after_fields)
     if ma is None or mb is None or same_mode(ma, mb):
