@@ -131,6 +131,14 @@ def test_no_drift_line_exactly_when_the_files_are_the_same(
         assert lines, (disk_a, disk_b)
         # the package line names where it differs when the file lines do not
         packages = [c for g in result.groups if g.key == "packages /venv" for c in g.changes]
-        for pkg in [c for c in packages if c.subject == "pkg" and "other bytes in " in c.after]:
-            named = pkg.after.split("other bytes in ", 1)[1].rstrip(")").split(", ")
-            assert set(named) <= set(disk_a) | set(disk_b) | set(wheel) | set(built)
+        every = set(disk_a) | set(disk_b) | set(wheel) | set(built)
+        for pkg in [c for c in packages if c.subject == "pkg" and c.after]:
+            if "other bytes in " in pkg.after:  # the same RECORD: exactly where they differ
+                named = pkg.after.split("other bytes in ", 1)[1].rstrip(")").split(", ")
+                assert set(named) == {p for p in every if disk_a.get(p) != disk_b.get(p)}
+            elif "other files: " in pkg.after and " from a RECORD" in pkg.after:
+                shown = pkg.after.split("other files: ", 1)[1].split(" differ", 1)[0]
+                for path in shown.split(", "):  # each differs from its RECORD on a side
+                    assert disk_a.get(path) != wheel.get(path) or disk_b.get(path) != built.get(
+                        path
+                    ), (path, pkg.after)
