@@ -10,7 +10,8 @@ The stages, each in its own module:
    compared with the installed one (:mod:`.wheelrecord`): the same, it is pinned; none, or
    other files, it is a build (:mod:`.builds`, "rebuild needed");
 3. every file of a pinned distribution that differs from its RECORD becomes a hunk of that
-   distribution's patch, made against the published wheel's bytes (:mod:`.diffs`);
+   distribution's patch, made against the published wheel's bytes (:mod:`.diffs`), and every
+   text file in its folders that no RECORD lists a new file of that patch;
 4. the spec (:mod:`.specfile`) with ``[host]``/``[cuda]``/``[base]`` (:mod:`.hostfacts`) and
    ``[serve]``/``[model]`` (:mod:`.serving`), validated, then locked by envbuild's own lock stage.
 
@@ -37,7 +38,7 @@ from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
 from envbuild.errors import UsageError
 from envbuild.snapshot import Options as SnapOptions
-from envbuild.snapshot import Snapshot, take_snapshot
+from envbuild.snapshot import Snapshot, contents, take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
 from envbuild.snapshot.model.pyenv import Distribution, PythonEnv
 from envbuild.snapshot.model.services import HfCacheSection
@@ -163,6 +164,27 @@ def _edits(d: _Dist, out: Adopted) -> list[diffs.Edit]:
                 edits.append(edit)
         except diffs.NotText as exc:
             out.not_adopted.append(NotAdopted(name, rel, f"not a text edit: {exc}"))
+    return edits + _new_files(d)
+
+
+def _new_files(d: _Dist) -> list[diffs.Edit]:
+    """The files of a pinned distribution's folders that no RECORD lists, as new files of its
+    patch, so that the environment built from the spec has them too (the rest stay
+    ``unrecorded``: a file of no distribution, or of a rebuilt one, binary or empty bytes)."""
+    if d.wheel is None:
+        return []
+    edits = []
+    for rel in d.model.unrecorded:
+        if contents.content_key(rel, d.model.dist_info) is None:
+            continue  # an installer's own file, or bytecode
+        if rel.split("/", 1)[0] == d.model.dist_info:
+            continue  # the metadata folder is the wheel's, renamed when it is patched
+        edit = diffs.Edit(rel, None, Path(d.site, rel).read_bytes())
+        try:
+            diffs.file_diff(edit)
+        except diffs.NotText:
+            continue
+        edits.append(edit)
     return edits
 
 
@@ -238,9 +260,11 @@ def adopt(opts: Options) -> Adopted:
             patches[d.model.name] = _header(d.model) + diffs.patch_text(edits)
             out.patches.append(
                 PatchWritten(d.model.name, paths.shown(paths.patch(d.model.name)),
-                             sorted(e.path for e in edits))
+                             sorted(e.path for e in edits),
+                             sorted(e.path for e in edits if e.before is None))
             )  # fmt: skip
-    out.unrecorded = sorted(a.path for a in env.added or [])
+    carried = {f for p in out.patches for f in p.new}
+    out.unrecorded = sorted(a.path for a in env.added or [] if a.path not in carried)
     base = hostfacts.base_table(snap, out.notes)
     out.host = hostfacts.host_table(snap, out.notes)
     spec = specfile.spec_data(

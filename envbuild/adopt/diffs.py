@@ -1,10 +1,12 @@
 """Hand edits as a patch: unified diffs of files against the published wheel's bytes.
 
-Input: per file, its path relative to site-packages, the published bytes and the bytes on disk
-(None: the file was deleted). Output: the text of one patch in the form envbuild applies
+Input: per file, its path relative to site-packages, the published bytes (None: a file the
+wheel does not have, one no RECORD lists) and the bytes on disk (None: the file was deleted).
+Output: the text of one patch in the form envbuild applies
 (:func:`envbuild.sourcebuild.patches.apply_patch`: ``patch -p1`` in the unpacked wheel, paths
-``a/<path>`` and ``b/<path>``, no fuzz), or the reason a file cannot be one: a patch holds text,
-so bytes that are not UTF-8 or hold a NUL are refused (named, never dropped).
+``a/<path>`` (``/dev/null`` for a new file) and ``b/<path>``, no fuzz), or the reason a file
+cannot be one: a patch holds text, so bytes that are not UTF-8 or hold a NUL are refused
+(named, never dropped).
 
 Lines are split at ``\\n`` only (a CR, form feed or other separator ``str.splitlines`` would
 cut at stays inside its line), and a last line without a newline gets GNU diff's
@@ -22,7 +24,7 @@ NO_NEWLINE = "\\ No newline at end of file\n"
 @dataclass(frozen=True)
 class Edit:
     path: str  # relative to site-packages, '/'-separated
-    before: bytes
+    before: bytes | None  # None: a new file (one no RECORD lists)
     after: bytes | None  # None: deleted
 
 
@@ -51,16 +53,19 @@ def _lines(text: str) -> list[str]:
 def file_diff(edit: Edit) -> str:
     """The unified diff of one edit (empty when the bytes are the same). Raises
     :class:`NotText` for bytes a patch cannot hold."""
-    old = _text(edit.before, "the published file")
+    old = _text(edit.before, "the published file") if edit.before is not None else ""
     new = _text(edit.after, "the edited file") if edit.after is not None else ""
-    if edit.after is not None and old == new:
+    if edit.after is not None and edit.before is not None and old == new:
         return ""
     if edit.after is None and not edit.before:
         raise NotText("an empty file was deleted (a patch cannot say so)")
+    if edit.before is None and not new:
+        raise NotText("an empty new file (a patch cannot say so)")
     old_lines, new_lines = _lines(old), _lines(new)
+    start = f"a/{edit.path}" if edit.before is not None else "/dev/null"
     to = f"b/{edit.path}" if edit.after is not None else "/dev/null"
     out: list[str] = []
-    diff = difflib.unified_diff(old_lines, new_lines, f"a/{edit.path}", to, n=3, lineterm="\n")
+    diff = difflib.unified_diff(old_lines, new_lines, start, to, n=3, lineterm="\n")
     for i, line in enumerate(diff):
         if i < 2 or line.endswith("\n"):  # the ---/+++ header
             out.append(line)

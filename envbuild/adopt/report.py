@@ -2,8 +2,8 @@
 
 Nothing of the environment is dropped silently: every distribution is pinned (from its
 published wheel) or a build ("rebuild needed"), every file that differs from its RECORD is in
-a patch or in ``not_adopted`` with the reason, and every file no RECORD lists is in
-``unrecorded``.
+a patch or in ``not_adopted`` with the reason, and every file no RECORD lists is a new file
+of its distribution's patch (``new``) or in ``unrecorded``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class PatchWritten:
     dist: str
     path: str  # relative to the repository
     files: list[str]  # site-packages paths it changes
+    new: list[str] = field(default_factory=list)  # of those, the files it creates (unrecorded)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ class Adopted:
             f"pinned from published wheels: {len(self.pinned)}",
         ]
         for p in self.patches:
-            out.append(f"patch {p.path} ({p.dist}): {', '.join(p.files)}")
+            shown = [f"{f} (new: in no RECORD)" if f in p.new else f for f in p.files]
+            out.append(f"patch {p.path} ({p.dist}): {', '.join(shown)}")
         for r in self.rebuild:
             archs = ", ".join(r.sass + r.ptx) or "no GPU code"
             torch = f", links torch {r.torch}" if r.torch else ""

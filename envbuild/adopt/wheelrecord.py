@@ -24,19 +24,8 @@ from pathlib import Path
 from envbuild.errors import InputFileError
 from envbuild.fsio import record_digest
 from envbuild.snapshot import records
+from envbuild.snapshot.contents import INSTALLER_FILES
 
-#: Files of a .dist-info that installers write (or rewrite) themselves.
-INSTALLER_FILES = frozenset(
-    {
-        "INSTALLER",
-        "REQUESTED",
-        "direct_url.json",
-        "uv_cache.json",  # uv: where a wheel from --find-links or a build was cached
-        "RECORD",
-        "RECORD.jws",
-        "RECORD.p7s",
-    }
-)
 _INTO_SITE = ("purelib", "platlib")
 
 

@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
                 render.echo(line)
     else:
         render.echo(f"no drift from {args.manifest}")
+        for info in result.diff.info:  # what differs by design (a patch that makes it so)
+            render.echo(f"info: {info}")
     for line in held_lines(result.gpu_memory):
         render.echo(line)
     for warning in result.warnings:

@@ -30,10 +30,16 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed
-from envbuild.snapshot import records
+from envbuild.snapshot import contents, records
 from envbuild.snapshot.distinfo import UnreadableFiles, describe, find_dists
 from envbuild.snapshot.hashing import hash_one, stat_one
-from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv
+from envbuild.snapshot.model.pyenv import (
+    AddedFile,
+    Distribution,
+    FileModes,
+    Overlap,
+    PythonEnv,
+)
 from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 
 log = logging.getLogger(__name__)
@@ -213,6 +219,9 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
     merged = records.merge(dists, records.check(dists, mode, meanwhile=meanwhile))
     checked_at = time.perf_counter()
     unowned, added = _unrecorded(dists, found, merged, mode)
+    unlisted = {a.path: a.sha256 for a in added}
+    listed = {id(d): records.digests(d) for d in dists if d.record is not None}
+    shared = _shared_on_disk(dists, merged.overlaps, listed)
     # a metadata file RECORD lists is found by both looks: named once
     unreadable = [f"{path} ({d.name}): {why}" for d in dists for path, why in d.unreadable]
     unreadable = list(dict.fromkeys(unreadable + merged.unreadable))
@@ -246,14 +255,58 @@ def scan_site_packages(interp: Interpreter, mode: Mode = "full") -> PythonEnv:
         implementation=interp.implementation,
         site_packages=interp.site_packages,
         integrity=mode,
-        distributions=sorted((_to_model(d) for d in dists), key=lambda d: (d.name, d.version)),
+        distributions=sorted(
+            (_to_model(d, unlisted, listed.get(id(d)), shared) for d in dists),
+            key=lambda d: (d.name, d.version),
+        ),
         overlaps=merged.overlaps,
         unowned=unowned,
         added=added,
     )
 
 
-def _to_model(d: Dist) -> Distribution:
+def _shared_on_disk(
+    dists: list[Dist], overlaps: list[Overlap], listed: dict[int, list[tuple[str, str | None]]]
+) -> dict[str, str | None]:
+    """The bytes on disk of each path several distributions list, as RECORD writes a digest:
+    the line of an owner it matches (the last installed one's, usually), whichever owner's
+    contents it is counted in. One that matches none is each owner's modified file (its
+    digest is there), so it is not in this table."""
+    by_name: dict[str, list[Dist]] = {}
+    for d in dists:
+        by_name.setdefault(d.name, []).append(d)
+    wanted: dict[str, str] = {}  # path -> the name of an owner whose line it matches
+    for o in overlaps:
+        if o.matches:
+            wanted[o.path] = o.matches[0]
+    out: dict[str, str | None] = {}
+    for name in sorted(set(wanted.values())):
+        for d in by_name.get(name, []):
+            for path, digest in listed.get(id(d), []):
+                if wanted.get(path) == name:
+                    out.setdefault(path, digest)
+    return out
+
+
+def _to_model(
+    d: Dist,
+    unlisted: dict[str, str | None],
+    listed: list[tuple[str, str | None]] | None,
+    shared: dict[str, str | None],
+) -> Distribution:
+    """The distribution as the snapshot keeps it; ``unlisted``: every file no RECORD lists, by
+    path, and its hex sha256; ``listed``: its RECORD's (path, digest) lines; ``shared``: the
+    bytes on disk of the paths several distributions list (:func:`_shared_on_disk`): counted in
+    every owner's contents as the bytes there, so that an edit of one is an edit of each."""
+    digest = None
+    if listed is not None:
+        digest = contents.files_sha256(
+            d.dist_info,
+            [(path, shared.get(path, sha)) for path, sha in listed],
+            {m.path: m.sha256 for m in d.modified},
+            set(d.missing),
+            {path: unlisted.get(path) for path in d.unrecorded},
+        )
     return Distribution(
         name=d.name,
         version=d.version,
@@ -266,6 +319,7 @@ def _to_model(d: Dist) -> Distribution:
         missing=sorted(d.missing),
         unrecorded=sorted(d.unrecorded),
         modes=_modes(d),
+        files_sha256=digest,
     )
 
 

@@ -127,9 +127,8 @@ def _entries(dist: Dist, rows: list[list[str]], *, skip_big: bool) -> list[Entry
         rel = row[0]
         if not rel or ("__pycache__" in rel and _skipped(rel)) or (skip_big and _is_big(row)):
             continue
-        if rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel:
-            abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
-            shown = os.path.relpath(abs_path, site)
+        if _odd(rel):
+            abs_path, shown = _normal(rel, site)
         else:
             abs_path, shown = prefix + rel, rel
         n = len(row)
@@ -137,6 +136,32 @@ def _entries(dist: Dist, rows: list[list[str]], *, skip_big: bool) -> list[Entry
         digest = hashed[7:].rstrip("=") or None if hashed.startswith("sha256=") else None
         size = int(row[2]) if n > 2 and row[2].isascii() and row[2].isdigit() else None
         append(Entry(abs_path, shown, digest, size))
+    return out
+
+
+def _odd(rel: str) -> bool:
+    """A RECORD path that must be normalized (absolute, ``..``, ``.``, doubled or back slashes)."""
+    return rel.startswith(("/", ".")) or "/." in rel or "//" in rel or "\\" in rel
+
+
+def _normal(rel: str, site: str) -> tuple[str, str]:
+    abs_path = os.path.normpath(rel if os.path.isabs(rel) else os.path.join(site, rel))
+    return abs_path, os.path.relpath(abs_path, site)
+
+
+def digests(dist: Dist) -> list[tuple[str, str | None]]:
+    """Each RECORD line's path as :class:`Entry` shows it and its sha256 as RECORD writes it
+    (what :func:`envbuild.snapshot.contents.files_sha256` takes; bytecode left out), without
+    making an entry of each line."""
+    out: list[tuple[str, str | None]] = []
+    append = out.append
+    for row in rows(dist.record or ""):
+        rel = row[0]
+        if not rel or ("__pycache__" in rel and _skipped(rel)):
+            continue
+        shown = _normal(rel, dist.site)[1] if _odd(rel) else rel
+        hashed = row[1] if len(row) > 1 else ""
+        append((shown, hashed[7:].rstrip("=") or None if hashed.startswith("sha256=") else None))
     return out
 
 

@@ -94,6 +94,15 @@ def local_version(version: str, short: str) -> str:
     return f"{version}.envbuild.{short}" if parsed.local else f"{version}+envbuild.{short}"
 
 
+_MARKER = re.compile(r"[+.]envbuild\.[0-9a-z]+$")
+
+
+def unpatched_version(version: str) -> str:
+    """The version :func:`local_version` was given: ``1.2.3+envbuild.<short>`` → ``1.2.3``,
+    ``1.2.3+cu130.envbuild.<short>`` → ``1.2.3+cu130``; any other version as it is."""
+    return _MARKER.sub("", version)
+
+
 # --- applying ---------------------------------------------------------------------------------
 
 _CHECKING = re.compile(r"^(?:checking|patching) file (.+?)\s*$")

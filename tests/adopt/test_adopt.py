@@ -48,6 +48,8 @@ def hand_built(tmp_path: Path) -> tuple[Path, str, dict[str, Path]]:
     (site / "alpha" / "debug.py").write_text("print('left here by hand')\n")
     (site / "beta" / "data.bin").write_bytes(b"\0\1\3")
     (site / "gamma" / "__init__.py").write_text("BUILT = 'here, edited'\n")
+    (site / "gamma" / "notes.txt").write_text("of a rebuilt distribution\n")
+    (site / "stray_top.py").write_text("# of no distribution\n")
     return venv, "", {"alpha": alpha, "beta": beta, "gamma": gamma, "sdist": sdist}
 
 
@@ -78,13 +80,16 @@ def test_adopt_pins_patches_and_names_what_it_cannot_adopt(
         {
             "dist": "alpha",
             "path": "patches/hand/alpha.patch",
-            "files": ["alpha/core.py", "alpha/gone.py"],
+            "files": ["alpha/core.py", "alpha/debug.py", "alpha/gone.py"],
+            "new": ["alpha/debug.py"],  # in no RECORD: a new file of the patch
         }
     ]
     not_adopted = {(n["dist"], n["path"]): n["reason"] for n in got["not_adopted"]}
     assert "not a text edit" in not_adopted[("beta", "beta/data.bin")]
     assert "rebuilt from source" in not_adopted[("gamma", "gamma/__init__.py")]
-    assert "alpha/debug.py" in got["unrecorded"]
+    # a file in no RECORD that no patch can carry stays listed: of a rebuilt distribution, or
+    # of no distribution
+    assert got["unrecorded"] == ["gamma/notes.txt", "stray_top.py"]
 
     # only its outputs were written, and the environment was not touched
     assert sorted(tree_digest(repo)) == [
@@ -107,8 +112,9 @@ def test_adopt_pins_patches_and_names_what_it_cannot_adopt(
     made = patch_wheel(files["alpha"], [(patch, ref)], "0123456789", tmp_path / "patched")
     with zipfile.ZipFile(tmp_path / "patched" / made.wheel) as zf:
         assert zf.read("alpha/core.py") == (site_packages(venv) / "alpha" / "core.py").read_bytes()
+        assert zf.read("alpha/debug.py") == b"print('left here by hand')\n"
         assert "alpha/gone.py" not in zf.namelist()
-    assert sorted(made.files) == ["alpha/core.py", "alpha/gone.py"]
+    assert sorted(made.files) == ["alpha/core.py", "alpha/debug.py", "alpha/gone.py"]
 
 
 def test_adopt_keeps_an_existing_spec_and_refuses_bad_input(
@@ -144,8 +150,11 @@ def test_the_text_report_and_an_index_that_is_not_pep_691(cli, repo: Path, tmp_p
         r = cli("adopt", "--python", venv, "--name", "t", "--index", url, "--repo", repo)
         assert r.exit_code == 0, r.stderr
         assert "adopted t: specs/t.toml, lockfiles/pylock.t.toml (1 packages)" in r.stdout
-        assert "patch patches/t/alpha.patch (alpha): alpha/a.py" in r.stdout
-        assert "unrecorded (in no RECORD, not adopted): alpha/stray.txt" in r.stdout
+        assert (
+            "patch patches/t/alpha.patch (alpha): alpha/a.py, alpha/stray.txt (new: in no RECORD)"
+            in r.stdout
+        )
+        assert "unrecorded" not in r.stdout
         # a unit that cannot be read fails before anything is downloaded: exit 3 where systemd
         # does not run (here, CI), 2 where it runs and has no such unit
         store = tmp_path / "store"

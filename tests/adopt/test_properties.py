@@ -150,12 +150,14 @@ def test_adopt_writes_only_its_outputs_and_loses_no_edit(
     assert {"specs/x.toml", "lockfiles/pylock.x.toml"} <= written
     # every file that differs from its RECORD is in the patch or named as not adopted
     in_patch = {f for p in got.patches for f in p.files}
+    new = {f for p in got.patches for f in p.new}
     named = {n.path for n in got.not_adopted}
     differing = {p for p, new in edited.items() if new != files[p]}
     if (site / "pkg" / "blob.bin").read_bytes() != b"\0\1\2":
         differing.add("pkg/blob.bin")
-    assert differing == in_patch | named and not in_patch & named
-    assert {f"pkg/{n}.added" for n in added} == set(got.unrecorded)
+    assert differing == (in_patch - new) | named and not in_patch & named
+    # and every file no RECORD lists is a new file of the patch
+    assert {f"pkg/{n}.added" for n in added} == new and got.unrecorded == []
     # and the patch, applied by envbuild's own patch step, gives the edited files
     if in_patch:
         patch = repo / "patches" / "x" / "pkg.patch"
@@ -167,7 +169,9 @@ def test_adopt_writes_only_its_outputs_and_loses_no_edit(
         with zipfile.ZipFile(out / made.wheel) as zf:
             names = set(zf.namelist())
             for path in in_patch:
-                if edited[path] is None:
+                if path in new:
+                    assert zf.read(path) == b"by hand\n"
+                elif edited[path] is None:
                     assert path not in names
                 else:
                     assert zf.read(path) == edited[path]

@@ -2,7 +2,8 @@
 (append, same-size rewrite, delete, add, chmod, a RECORD rewritten to hide an edit), some made
 before the snapshot and some after, on a real venv; every file whose bytes or mode changed after
 the snapshot is named by verify and by diff, in every pair of check modes, and with no edit after
-the snapshot both say nothing changed (snapshots of one unchanged venv never differ). A second
+the snapshot both say nothing changed (snapshots of one unchanged venv never differ; a RECORD
+rewritten to the files as they are changes no file: it is said as info, not drift). A second
 edit of a file that had already drifted when the snapshot was taken (the stale patch, or a chmod
 of an edited file) is the case this guards. RECORD has no modes: the snapshot records them."""
 
@@ -17,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support.recordednvml import h200
 
@@ -102,11 +103,13 @@ def take(venv: Path, mode: str) -> Any:
 def named(lines: list[str], before: dict[str, Any], after: dict[str, Any]) -> None:
     """Each changed file is named, but one whose edit a rewritten RECORD now matches: the
     snapshot holds the RECORD's digest, not its lines, so that edit is named as alpha's RECORD
-    changing. A file whose mode alone changed is named with both modes, whatever RECORD says."""
+    changing (a drift line when alpha's files changed, an info line when they are the same). A
+    file whose mode alone changed is named with both modes, whatever RECORD says."""
     text = "\n".join(lines)
     rerecorded = before["RECORD"] != after["RECORD"]
     if rerecorded:
-        assert any(line.startswith("  alpha: ") and "RECORD" in line for line in lines), text
+        shown = [ln for ln in lines if ln.startswith(("  alpha: ", "info: alpha: "))]
+        assert any("RECORD" in line for line in shown), text
     for target in TARGETS:
         was, now = before[target], after[target]
         if was is not None and now is not None and was[1] != now[1]:
@@ -120,10 +123,24 @@ def _alphas(target: str) -> bool:
     return target.startswith("alpha/") or target == "shared/common.py"
 
 
+#: Examples a run tries (each a copy of the venv and four snapshots, ~1.5 s): few in CI, and
+#: EDIT_EXAMPLES=1000 or more by hand after a change of how environments are compared.
+EXAMPLES = int(os.environ.get("EDIT_EXAMPLES", "25"))
+
+
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(before=edits, after=edits, first=modes, second=modes)
+# found by this test once distributions were compared by their files' bytes: a path two
+# distributions list, edited and then deleted (left out of their contents, it was not named),
+# and an unrecorded file's chmod (its line dropped with alpha's same files)
+@example(before=[("same-size", "shared/common.py", 136)],
+         after=[("delete", "shared/common.py", 1)], first="quick", second="quick")  # fmt: skip
+@example(before=[("append", "alpha/models/extra.py", 1)],
+         after=[("chmod", "alpha/models/extra.py", 2)], first="full", second="full")  # fmt: skip
 def test_every_edit_after_the_snapshot_is_named_by_verify_and_diff(
     base_venv: Path, before: list[Any], after: list[Any], first: str, second: str
 ) -> None:
@@ -155,10 +172,14 @@ def test_every_edit_after_the_snapshot_is_named_by_verify_and_diff(
         named(render_text(diff, only_counted=True), at_snapshot, now)
         if now == at_snapshot:
             assert not result.drift and not diff.different, lines
-        elif (
-            any(at_snapshot[t] != now[t] for t in TARGETS) or at_snapshot["RECORD"] != now["RECORD"]
-        ):
+        elif any(at_snapshot[t] != now[t] for t in TARGETS):
             assert result.drift and diff.different
+        else:  # only alpha's RECORD, rewritten to the files as they were: alpha's files are
+            # the same (info), and only what the RECORD decides is drift (whose bytes a path
+            # two distributions list holds)
+            assert any(line.startswith("info: alpha: ") for line in lines), lines
+            counted = [ln for ln in lines if ln.startswith("  ")]
+            assert all(ln.startswith("  shared/common.py") for ln in counted), lines
 
 
 def test_a_second_edit_of_a_drifted_file_is_seen(base_venv: Path, tmp_path: Path) -> None:

@@ -5,15 +5,17 @@ distribution's usual mode, and the result as :class:`DiffResult`."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from envbuild.errors import ManifestError
+from envbuild.snapshot.contents import counted
 from envbuild.snapshot.diff.envfacts import MODES
-from envbuild.snapshot.diff.facts import Fact, Side
+from envbuild.snapshot.diff.facts import ABSENT, Fact, Side
 from envbuild.snapshot.diff.machine import GPU_CONFIG, snapshot_facts
 from envbuild.snapshot.diff.manifest import build_manifest_facts
+from envbuild.snapshot.diff.same import Contents, contents, same_mode
 from envbuild.snapshot.jsonfile import read_json
 from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
 from envbuild.snapshot.refs import check_build_manifest
@@ -53,6 +55,7 @@ class DiffResult:
     groups: list[Group]
     not_compared: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how the sides were paired, …
+    info: list[str] = field(default_factory=list)  # what differs by design, not a difference
 
     @property
     def different(self) -> bool:
@@ -66,6 +69,7 @@ class DiffResult:
             "groups": [asdict(g) for g in self.groups if g.changes],
             "not_compared": self.not_compared,
             "notes": self.notes,
+            "info": self.info,
         }
 
 
@@ -164,7 +168,7 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after = f"{fb.text}, sha256 {fb.digest[:12]}"
                     if fa.detail and fb.detail and fa.detail != fb.detail:  # e.g. its mode
                         before, after = f"{before}, {fa.detail}", f"{after}, {fb.detail}"
-                elif None in (fa.detail, fb.detail) or fa.detail == fb.detail:
+                elif None in (fa.detail, fb.detail) or _same_detail(fa.detail, fb.detail):
                     continue  # only the size moved: not a change of what is there
                 else:
                     before, after = fa.detail, fb.detail
@@ -194,9 +198,134 @@ def compare(a: Side, b: Side) -> DiffResult:
                     after_fields=fb.data if fb is not None else None,
                 )
             )
+    same_contents(result, a, b)
     result.groups.sort(key=lambda g: group_order(g.key))
     result.not_compared = [f"{'; '.join(titles)}: {why}" for why, titles in skipped.items()]
     return result
+
+
+def _same_detail(a: str | None, b: str | None) -> bool:
+    """Whether two facts' details say the same; an unrecorded file's ``mode …`` by
+    :func:`~.same.same_mode` (read-only is writable with the same other bits)."""
+    if a is not None and b is not None and a.startswith("mode ") and b.startswith("mode "):
+        return same_mode(a.removeprefix("mode "), b.removeprefix("mode "))
+    return a == b
+
+
+def same_contents(result: DiffResult, a: Side, b: Side) -> None:
+    """Apply the identity rule of :mod:`.same` to each environment both sides have: a
+    distribution with the same public version and the same files on both sides did not change
+    (its package, patch and file lines go, but a file whose mode changed; a patch that makes it
+    so is ``info``), and one with other files keeps its file lines and gets a package line that
+    says where they differ as far as the sides tell (:func:`_where`)."""
+    groups = {g.key: g for g in result.groups}
+    for key, pkgs in groups.items():
+        if not key.startswith("packages "):
+            continue
+        env = key.removeprefix("packages ")
+        files = groups.get(f"files {env}", Group("", ""))
+        patches = groups.get(f"patches {env}", Group("", ""))
+        modes = groups.get(MODES + env)
+        for name, c in contents(a.groups[key][2], b.groups[key][2]).items():
+            ours = [ch for ch in files.changes if (ch.item or {}).get("distribution") == name]
+            had = next((ch for ch in pkgs.changes if ch.subject == name), None)
+            if not c.same and c.before == c.after and ours:
+                continue  # the same version: the file lines name what differs
+            pkgs.changes = [ch for ch in pkgs.changes if ch.subject != name]
+            if not c.same:
+                which = _where(c, ours)
+                item = {"kind": "package", "environment": env, "name": name}
+                line = Change(name, c.before, f"{c.after} ({which})", item=item)
+                pkgs.changes.append(replace(had, after=f"{had.after} ({which})") if had else line)
+                pkgs.changes.sort(key=lambda ch: ch.subject)
+                continue
+            for ch in ours:  # the same bytes at every path: what a line can still say is a mode
+                if not counted(str((ch.item or {}).get("path"))):
+                    continue  # not in the contents (a script, an installer file): compared alone
+                files.changes.remove(ch)
+                moved = _mode_moved(ch, env, name, a, b)
+                if moved is not None and modes is not None:
+                    modes.changes.append(moved)
+            patched = [ch for ch in patches.changes if ch.subject == name]
+            for ch in patched:
+                patches.changes.remove(ch)
+                result.info.append(_patch_info(name, c.before, c.after, ch, a.label, b.label))
+            if had is not None and not patched:  # e.g. a RECORD rewritten to the files there
+                result.info.append(
+                    f"{name}: {had.before or ABSENT} → {had.after or ABSENT}, the same files"
+                )
+        if modes is not None:
+            modes.changes.sort(key=lambda ch: ch.subject)
+
+
+def _where(c: Contents, ours: list[Change]) -> str:
+    """Where a distribution's files differ, as far as the sides tell: with the same RECORD on
+    both, exactly the paths whose file lines differ; with other RECORDs, a path can differ
+    where neither side differs from its own RECORD (the snapshot keeps a RECORD's digest, not
+    its lines), so the file lines are named as such, not as the only places."""
+    paths = sorted({str(ch.item["path"]) for ch in ours if ch.item})
+    if c.same_record and paths:
+        return f"other bytes in {', '.join(paths)}"
+    if paths:
+        verb = "differs" if len(paths) == 1 else "differ"
+        return (
+            f"other files: {', '.join(paths)} {verb} from a RECORD; the two RECORDs differ, "
+            "so other paths may too"
+        )
+    return "other files: their RECORDs differ, and neither side names which"
+
+
+def _mode_moved(ch: Change, env: str, dist: str, a: Side, b: Side) -> Change | None:
+    """The mode change a file line of a distribution with the same files on both sides still
+    holds, as a modes line (None: none). A file no RECORD lists records its mode as it is found
+    (:class:`~envbuild.snapshot.model.pyenv.AddedFile`); one its RECORD lists has it in the
+    modes table (that of the file, else its distribution's usual one)."""
+    path = str((ch.item or {}).get("path"))
+    statuses = {(fields or {}).get("status") for fields in (ch.before_fields, ch.after_fields)}
+    if "added" not in statuses:
+        return None  # listed on both sides: the modes group compares it (_mode_changes)
+    ma = _mode_of(a, env, dist, path, ch.before_fields)
+    mb = _mode_of(b, env, dist, path, ch.after_fields)
+    if ma is None or mb is None or same_mode(ma, mb):
+        return None
+    return Change(
+        f"{path} ({dist})",
+        f"mode {ma}",
+        f"mode {mb}",
+        item=ch.item,
+        before_fields={"status": "mode", "mode": ma},
+        after_fields={"status": "mode changed", "mode": mb},
+    )
+
+
+def _mode_of(side: Side, env: str, dist: str, path: str, data: dict[str, Any] | None) -> str | None:
+    """A file's mode on one side: as found when no RECORD lists it, else from the modes table
+    (None: not known, or not there)."""
+    status = (data or {}).get("status")
+    if status == "added":
+        mode = (data or {}).get("mode")
+        return str(mode) if mode is not None else None
+    if status == "missing":
+        return None
+    table = side.groups.get(MODES + env, ("", True, {}))[2]
+    found = table.get(f"{path} ({dist})") or table.get(dist)
+    return found.text if found is not None else None
+
+
+def _patch_info(name: str, va: str, vb: str, ch: Change, la: str, lb: str) -> str:
+    """What a patch that gives the other side's files is, as one line."""
+    if ch.before is None or ch.after is None:  # patched on one side only
+        (pv, pl, patches), (ov, ol) = (
+            ((vb, lb, ch.after), (va, la)) if ch.before is None else ((va, la, ch.before), (vb, lb))
+        )
+        return (
+            f"{name}: {pv} ({pl}) has the same files as {ov} ({ol}): its declared patches "
+            f"{patches} make them so"
+        )
+    return (
+        f"{name}: the same files on both sides ({va} in {la}, {vb} in {lb}); the patches "
+        f"({ch.before} → {ch.after}) make them so"
+    )
 
 
 _ORDER = (
@@ -243,7 +372,7 @@ def _mode_changes(
     usual_b = {s: f.text for s, f in facts_b.items() if "path" not in (f.item or {})}
     both = usual_a.keys() & usual_b.keys()
     for name in sorted(both):
-        if usual_a[name] != usual_b[name]:
+        if not same_mode(usual_a[name], usual_b[name]):
             group.changes.append(
                 Change(
                     f"the other files of {name}",
@@ -262,7 +391,7 @@ def _mode_changes(
             continue
         before = fa.text if fa is not None else usual_a[dist]
         after = fb.text if fb is not None else usual_b[dist]
-        if before != after:
+        if not same_mode(before, after):
             group.changes.append(
                 Change(
                     subject,

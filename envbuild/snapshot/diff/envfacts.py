@@ -37,6 +37,7 @@ def env_facts(side: Side, key: str, env: PythonEnv) -> None:
                     "size": d.size_bytes,
                     "installer": d.installer,
                     "record_sha256": d.record_sha256,
+                    "files_sha256": d.files_sha256,
                 },
             ),
         )

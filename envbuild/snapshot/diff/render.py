@@ -28,6 +28,8 @@ def render_text(result: DiffResult, *, only_counted: bool = False) -> list[str]:
             lines.append(text)
     for note in result.notes:
         lines.append(f"note: {note}")
+    for info in result.info:
+        lines.append(f"info: {info}")
     for note in result.not_compared:
         lines.append(f"not compared: {note}")
     return lines

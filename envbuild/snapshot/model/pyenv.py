@@ -82,6 +82,12 @@ class Distribution(Strict):
         description="the permission bits of the listed files found (None: an older snapshot, "
         "or no file found; no mode drift is reported for it)",
     )
+    files_sha256: str | None = Field(
+        default=None,
+        description="sha256 of its files as they are on disk, by path (envbuild.snapshot."
+        "contents): what two environments' distributions are compared by (None: an older "
+        "snapshot, or a file whose digest is not known)",
+    )
 
 
 class Overlap(Strict):
