@@ -130,6 +130,8 @@ class RegistryApi:
         req = urllib.request.Request(url, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT, context=self._context(scheme)) as r:
+                if method == "HEAD":  # no body: its Content-Length is the blob's, not ours
+                    return r.status, r.headers, b""
                 return r.status, r.headers, read_bounded(r, url)
         except urllib.error.HTTPError as exc:
             # an error's body only gives the registry's words for a message: cut, not refused
