@@ -30,11 +30,11 @@ MOVES: dict[str, str] = {
     "envbuild.lock": "envbuild.lock.core",
     "envbuild.registry": "envbuild.registry.core",
     "envbuild.linkcheck": "envbuild.linkcheck.core",
-    "envbuild.build.pipeline": "envbuild.pipeline.core",
-    "envbuild.snapshot.hashing": "envbuild.installed.hashing",
-    "envbuild.build.wheelpaths": "envbuild.installed.wheelpaths",
-    "envbuild.build.wheels": "envbuild.lock.wheels",
-    "envbuild.sourcebuild.closure": "envbuild.lock.closure",
+    "envbuild.pipeline.core": "envbuild.pipeline.core",
+    "envbuild.installed.hashing": "envbuild.installed.hashing",
+    "envbuild.installed.wheelpaths": "envbuild.installed.wheelpaths",
+    "envbuild.lock.wheels": "envbuild.lock.wheels",
+    "envbuild.lock.closure": "envbuild.lock.closure",
 }
 
 

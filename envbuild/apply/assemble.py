@@ -37,7 +37,8 @@ from envbuild.apply import venv as venvs
 from envbuild.apply.listing import ancestors, folders, listing, shown
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.fsio import record_digest, sha256_file
-from envbuild.snapshot import hashing, records
+from envbuild.installed import hashing
+from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
 from envbuild.store.core import Store, derivation_key
 from envbuild.store.trees import TreeManifest, Trees, copy_into, tree_key

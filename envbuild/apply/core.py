@@ -54,7 +54,7 @@ from envbuild.spec.model import Spec
 from envbuild.store.core import Store
 
 if TYPE_CHECKING:
-    from envbuild.linkcheck import Report
+    from envbuild.linkcheck.core import Report
 
 log = logging.getLogger(__name__)
 
@@ -459,10 +459,10 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
 
 
 def _link_report(target: gens.Generation, spec: Spec) -> Report:
-    """The link check over a generation's venv (envbuild.linkcheck.Report), cached per file:
+    """The link check over a generation's venv (envbuild.linkcheck.core.Report), cached per file:
     a generation checked before costs a stat per file, and a file that is still its install
     tree's inode is known by the sha256 the tree's manifest has (no file is hashed again)."""
-    from envbuild import linkcheck
+    from envbuild.linkcheck import core as linkcheck
 
     digests = shared.tree_digests(target)
     return linkcheck.check_folder(

@@ -29,7 +29,7 @@ from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import VenvTarget, WheelRef, install, write_venv
 from envbuild.build.manifest import BuiltLayer
 from envbuild.build.plan import PlanLayer
-from envbuild.linkcheck import Cache, default_cache
+from envbuild.linkcheck.reader import Cache, default_cache
 from envbuild.linkcheck.staging import record_staged
 from envbuild.linkcheck.wheels import Wheel
 from envbuild.progress import NULL, Progress

@@ -12,7 +12,7 @@ own, so two images share it; the small ones in ``groups`` buckets chosen by a ha
 package bumped or added moves no other package); vLLM, patched and source-built distributions on
 top. The whole stays within the spec's layer budget (``[image] max_layers``, default 60).
 
-The wheels are chosen by :mod:`envbuild.build.wheels`, the image config by
+The wheels are chosen by :mod:`envbuild.lock.wheels`, the image config by
 :mod:`envbuild.build.config`; :func:`envbuild.build.planner.make_plan` puts a plan together.
 """
 

@@ -26,10 +26,12 @@ from envbuild.build.plan import (
     key_of,
     layer_plan,
 )
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
 from envbuild.fsio import sha256_file
-from envbuild.lock import Lock, find_lock, read_lock
+from envbuild.lock.core import find_lock
+from envbuild.lock.io import read_lock
+from envbuild.lock.model import Lock
+from envbuild.lock.wheels import select_wheels
 from envbuild.oci import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.sourcebuild.requests import describe
 from envbuild.spec import LoadedSpec

@@ -18,7 +18,7 @@ from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.registry import get_transport
+from envbuild.registry.core import get_transport
 from envbuild.store.remote import CachedStore, CacheStats
 
 

@@ -1,6 +1,6 @@
 """`envbuild lock SPEC... [--check]`: resolve specs into lockfiles, or check they are current.
 
-A Debian base is pinned too (mmdebstrap, through :class:`envbuild.lock.BasePinner`): by default
+A Debian base is pinned too (mmdebstrap, through :class:`envbuild.lock.core.BasePinner`): by default
 its package set is reused from the existing lock while the spec's [base] and cutoff are
 unchanged and resolved otherwise; ``--refresh-base`` always resolves it, ``--python-only``
 never does.
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
-from envbuild.lock import BaseMode, BasePinner, check_lock, lock_spec
+from envbuild.lock.core import check_lock, lock_spec
+from envbuild.lock.pin import BaseMode, BasePinner
 from envbuild.spec.validate import validate
 from envbuild.store.core import Store
 

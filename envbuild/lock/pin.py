@@ -17,7 +17,7 @@ mode        a Debian base's entry
 =========== ================================================================================
 
 ``envbuild lock`` uses ``pin`` (``--refresh-base``: ``refresh``; ``--python-only``: ``keep``);
-:func:`envbuild.lock.lock_spec` called from Python defaults to ``keep``. The other kinds of base
+:func:`envbuild.lock.core.lock_spec` called from Python defaults to ``keep``. The other kinds of base
 (image, OCI layout, rootfs tarball) are pinned by the spec itself and never resolved here.
 """
 

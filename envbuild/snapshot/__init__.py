@@ -82,7 +82,7 @@ def _taken_at() -> str:
 
 def link_findings(env: PythonEnv) -> PythonEnv:
     """``env`` with what the link check finds in it (envbuild.linkcheck; cached per file)."""
-    from envbuild import linkcheck
+    from envbuild.linkcheck import core as linkcheck
 
     log.info("checking the links of %s", env.requested)
     report = linkcheck.check_folder("/", env.prefix)

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed
+from envbuild.installed.hashing import hash_one, stat_one
 from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import UnreadableFiles, describe, find_dists
-from envbuild.snapshot.hashing import hash_one, stat_one
 from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv
 from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 

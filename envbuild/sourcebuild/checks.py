@@ -19,8 +19,8 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuild.build.wheels import target_tags
 from envbuild.errors import InputFileError, UserError
+from envbuild.lock.wheels import target_tags
 from envbuild.sourcebuild.audit import Audit
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.patches import verify_record

@@ -29,10 +29,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.install import WheelRef
 from envbuild.build.manifest import PatchRecord, SourceBuildRecord
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
 from envbuild.fsio import sha256_file
-from envbuild.lock import Lock
+from envbuild.lock.model import Lock
+from envbuild.lock.wheels import select_wheels
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder

@@ -20,7 +20,7 @@ from envbuild.build.dockerfile import render_dockerfile
 from envbuild.build.install import WheelRef
 from envbuild.build.layers import open_uncompressed
 from envbuild.build.planner import load_lock
-from envbuild.lock import read_lock
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock
 from envbuild.spec import load_spec
 

@@ -203,8 +203,9 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
     import threading
     import time
 
-    from envbuild.build import layerbuild, pipeline
+    from envbuild.build import layerbuild
     from envbuild.errors import EnvironmentFailure
+    from envbuild.pipeline import core as pipeline
 
     d = repo / "wheels"
     wheels = [ref(make_wheel(d, f"w{i}", "1.0", {f"w{i}.py": f"X = {i}\n"})) for i in range(6)]

@@ -9,8 +9,8 @@ import pytest
 from envbuild.build.config import image_config
 from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.plan import PlanOptions, bucket, layer_plan
-from envbuild.build.wheels import target_tags
 from envbuild.errors import UserError
+from envbuild.lock.wheels import target_tags
 from envbuild.spec import load_spec
 
 TARGET = VenvTarget(platform="manylinux_2_36_x86_64")

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from envbuild import proc
-from envbuild.linkcheck import Cache, check_folder
+from envbuild.linkcheck.core import check_folder
+from envbuild.linkcheck.reader import Cache
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

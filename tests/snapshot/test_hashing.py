@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from envbuild.snapshot import hashing
+from envbuild.installed import hashing
 
 REPO = Path(__file__).resolve().parents[2]
 

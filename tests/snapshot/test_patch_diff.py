@@ -16,8 +16,8 @@ from support.project import write_project
 from support.wheels import make_wheel, ref
 
 from envbuild import proc
-from envbuild.build.pipeline import build
 from envbuild.fsio import sha256_bytes
+from envbuild.pipeline.core import build
 from envbuild.spec import load_spec
 from envbuild.store.core import Store
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.fsio import record_digest
-from envbuild.snapshot import hashing, records
+from envbuild.installed import hashing
+from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import find_dists
 from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 

@@ -1,7 +1,7 @@
 """The golden build plans under ``tests/cases/build/<name>/``.
 
 A case folder holds ``spec.toml`` (the spec), ``pylock.<name>.toml`` (its lock, the name
-:func:`envbuild.lock.lock_path` gives it), any file the spec names (patches), and ``plan.json``:
+:func:`envbuild.lock.core.lock_path` gives it), any file the spec names (patches), and ``plan.json``:
 the :class:`envbuild.build.plan.Plan` that :func:`envbuild.build.planner.make_plan` computes
 from them. ``_shared/`` is copied into ``specs/`` of every case (``extends =
 "base/rtx-pro-6000-8x.toml"``). The seed cases are copies of ``specs/<name>.toml`` and

@@ -15,8 +15,9 @@ from pathlib import Path
 from envbuild.build.install import WheelRef
 from envbuild.build.layers import open_uncompressed
 from envbuild.fsio import sha256_file
-from envbuild.lock import dumps, lock_path
 from envbuild.lock.check import patch_records
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import dumps
 from envbuild.lock.model import (
     EnvbuildLock,
     Hashes,

@@ -55,8 +55,9 @@ from envbuild.build.planner import (
 from envbuild.build.sbom import image_sbom
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import EnvbuildError, EnvironmentFailure
-from envbuild.lock import Lock, find_lock
 from envbuild.lock.base import spec_path
+from envbuild.lock.core import find_lock
+from envbuild.lock.model import Lock
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.sources import SourceOutcome, realize_sources

@@ -1,0 +1,1 @@
+"""envbuild.installed: see the modules."""
