@@ -46,8 +46,8 @@ import wholeproc  # noqa: E402
 from envbuild.build import layerbuild, layers, planner  # noqa: E402
 from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
 from envbuild.build.install import VenvTarget, install  # noqa: E402
-from envbuild.lock.core import lock_path, lock_spec
-from envbuild.pipeline import core as build_mod
+from envbuild.lock.core import lock_path, lock_spec  # noqa: E402
+from envbuild.pipeline import core as build_mod  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 

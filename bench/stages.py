@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envbuild.pipeline import core as build
+from envbuild.pipeline import core as build  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 

@@ -165,7 +165,9 @@ def rewrite_file(path: Path, moves: list[Move], root: Path, old_name: str) -> st
             continue
         first = lines[node.lineno - 1]
         indent = first[: len(first) - len(first.lstrip())]
-        new_text = "\n".join(_render(mod, names, indent) for mod, names in groups.items())
+        last = lines[(node.end_lineno or node.lineno) - 1]
+        tail = last[node.end_col_offset :].rstrip("\n")  # a trailing comment (noqa) stays
+        new_text = "\n".join(_render(mod, names, indent) + tail for mod, names in groups.items())
         edits.append((node.lineno, node.end_lineno or node.lineno, new_text + "\n"))
     for start, end, new_text in sorted(edits, reverse=True):
         lines[start - 1 : end] = [new_text]

@@ -17,8 +17,8 @@ mode        a Debian base's entry
 =========== ================================================================================
 
 ``envbuild lock`` uses ``pin`` (``--refresh-base``: ``refresh``; ``--python-only``: ``keep``);
-:func:`envbuild.lock.core.lock_spec` called from Python defaults to ``keep``. The other kinds of base
-(image, OCI layout, rootfs tarball) are pinned by the spec itself and never resolved here.
+:func:`envbuild.lock.core.lock_spec` called from Python defaults to ``keep``. The other kinds of
+base (image, OCI layout, rootfs tarball) are pinned by the spec itself and never resolved here.
 """
 
 from __future__ import annotations
