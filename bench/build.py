@@ -45,7 +45,8 @@ import wholeproc  # noqa: E402
 
 from envbuild.build import layerbuild, layers, planner  # noqa: E402
 from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
-from envbuild.build.install import VenvTarget, install  # noqa: E402
+from envbuild.build.install import install  # noqa: E402
+from envbuild.installed.venv import VenvTarget  # noqa: E402
 from envbuild.lock.core import lock_path, lock_spec  # noqa: E402
 from envbuild.pipeline import core as build_mod  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402

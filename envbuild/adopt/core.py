@@ -34,8 +34,8 @@ from envbuild.adopt import diffs, hostfacts, index, serving, specfile, wheelreco
 from envbuild.adopt.builds import Rebuild, recover
 from envbuild.adopt.report import Adopted, NotAdopted, PatchWritten, Pinned
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import WheelRef
 from envbuild.errors import UsageError
+from envbuild.lock.wheels import WheelRef
 from envbuild.snapshot import Options as SnapOptions
 from envbuild.snapshot import Snapshot, take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import __version__
-from envbuild.build.install import WheelRef
 from envbuild.errors import EnvironmentFailure, IntegrityError
+from envbuild.lock.wheels import WheelRef
 from envbuild.progress import NULL, Progress
 from envbuild.store.core import Store
 

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.manifest import BaseResult
 from envbuild.build.plan import Plan
 from envbuild.errors import LinkFindings
 from envbuild.fsio import canonical_json
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck import core as linkcheck
 from envbuild.linkcheck.wheels import Wheel, check_image
+from envbuild.lock.wheels import WheelRef
 from envbuild.progress import NULL, Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store

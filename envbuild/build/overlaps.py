@@ -17,10 +17,12 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
+from envbuild.build.install import INSTALL_FORMAT
 from envbuild.errors import UserError
 from envbuild.fsio import canonical_json
+from envbuild.installed.venv import VenvTarget
 from envbuild.installed.wheelpaths import wheel_files
+from envbuild.lock.wheels import WheelRef
 from envbuild.progress import Progress
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store

@@ -26,8 +26,10 @@ from typing import Any, Literal
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.build.install import INSTALL_FORMAT, VENV_FORMAT, VenvTarget, WheelRef
+from envbuild.build.install import INSTALL_FORMAT, VENV_FORMAT
 from envbuild.errors import UserError
+from envbuild.installed.venv import VenvTarget
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import derivation_key
 
 log = logging.getLogger(__name__)

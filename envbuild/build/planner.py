@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.build import layers
 from envbuild.build.config import image_config
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef, uv_version
+from envbuild.build.install import INSTALL_FORMAT, uv_version
 from envbuild.build.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -28,10 +28,11 @@ from envbuild.build.plan import (
 )
 from envbuild.errors import UserError
 from envbuild.fsio import sha256_file
+from envbuild.installed.venv import VenvTarget
 from envbuild.lock.core import find_lock
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import Lock
-from envbuild.lock.wheels import select_wheels
+from envbuild.lock.wheels import WheelRef, select_wheels
 from envbuild.oci import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.sourcebuild.requests import describe
 from envbuild.spec import LoadedSpec

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.install import VenvTarget
 from envbuild.build.layers import open_uncompressed
 from envbuild.errors import InputFileError
+from envbuild.installed.venv import VenvTarget
 from envbuild.installed.wheelpaths import member_path
 from envbuild.linkcheck.core import SYSTEM_DIRS, Report, check_entries
 from envbuild.linkcheck.facts import ElfInfo

@@ -51,7 +51,7 @@ from envbuild.spec import knowledge as kb
 from envbuild.spec.load import LoadedSpec
 
 if TYPE_CHECKING:
-    from envbuild.build.install import WheelRef
+    from envbuild.lock.wheels import WheelRef
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from typing import Any, Literal
 from envbuild.build import image, layers, noop
 from envbuild.build.basestage import base_stage
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.layerbuild import build_layers
 from envbuild.build.links import link_check
 from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer, stored_layer
@@ -55,9 +54,11 @@ from envbuild.build.planner import (
 from envbuild.build.sbom import image_sbom
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import EnvbuildError, EnvironmentFailure
+from envbuild.installed.venv import VenvTarget
 from envbuild.lock.base import spec_path
 from envbuild.lock.core import find_lock
 from envbuild.lock.model import Lock
+from envbuild.lock.wheels import WheelRef
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.sources import SourceOutcome, realize_sources

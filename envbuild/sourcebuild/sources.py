@@ -27,12 +27,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import WheelRef
 from envbuild.build.manifest import PatchRecord, SourceBuildRecord
 from envbuild.errors import ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock.model import Lock
-from envbuild.lock.wheels import select_wheels
+from envbuild.lock.wheels import WheelRef, select_wheels
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder

@@ -16,8 +16,8 @@ from conftest import CliResult
 from support.project import members, write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.build.install import WheelRef
 from envbuild.build.plan import BIG_BYTES
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Store
 from envbuild.store.gc import collect
 

@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envbuild.build.install import VenvTarget
+from envbuild.installed.venv import VenvTarget
 from envbuild.installed.wheelpaths import member_path
 
 

@@ -242,8 +242,8 @@ def test_dependencies_come_over_http_once_then_from_the_cache(
     no index at all. A wheel whose bytes are not the locked ones is refused."""
     from support import pyindex
 
-    from envbuild.build.install import WheelRef
     from envbuild.errors import IntegrityError
+    from envbuild.lock.wheels import WheelRef
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "index"
