@@ -10,7 +10,8 @@ name that was re-exported by a package's ``__init__`` goes to the module that de
 ``from envbuild.x import moved_module``, ``import envbuild.x.y``, relative imports, and dotted
 names in strings and comments (``mock.patch("envbuild.x.y.name")``). It ends with ``ruff check
 --select I --fix`` and ``ruff format`` on the files it changed. A row whose old module is already
-gone is skipped, so running it twice changes nothing: the merged tree can be rewritten again.
+moved (its new module exists) is not moved again but its references are still rewritten, so
+running it twice changes nothing the second time, and a merged tree can be rewritten again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TREES = ("envbuild", "tests", "tools", "bench")
+TREES = ("envbuild", "tests", "tools", "bench", "scripts")
 
 # old module -> new module. A package (its __init__) moving to a child keeps the package.
 MOVES: dict[str, str] = {
@@ -69,6 +70,7 @@ class Move:
         self.package = new.startswith(old + ".")  # a package __init__ moving into the package
         self.reexports: dict[str, str] = {}
         self.root = root
+        self.moved_now = False  # moved by this run (else moved before: references still rewritten)
 
     def child_module(self, name: str) -> bool:
         """Whether ``old.name`` is a module or package of its own (after the move)."""
@@ -88,12 +90,19 @@ def do_moves(moves: dict[str, str], root: Path, dry: bool) -> list[Move]:
         m = Move(old, new, root)
         src = path_of(old, root)
         dest = root.joinpath(*new.split(".")).with_suffix(".py")
-        if not src.exists() or dest.exists():
-            continue  # already moved
+        if dest.exists():  # moved before: rewrite what still names the old module
+            if m.package:
+                m.reexports = _reexports(dest.read_text())
+            done.append(m)
+            continue
+        if not src.exists():
+            print(f"skip {old}: neither it nor {new} exists")
+            continue
         text = src.read_text()
         if m.package:
             m.reexports = _reexports(text)
         print(f"move {old} -> {new}")
+        m.moved_now = True
         done.append(m)
         if dry:
             continue
@@ -138,7 +147,7 @@ def rewrite_file(path: Path, moves: list[Move], root: Path, old_name: str) -> st
     lines = text.splitlines(keepends=True)
     # relative imports resolve against where the file was: a moved package __init__ is a package
     was_pkg = path.name == "__init__.py" or any(m.package and m.old == old_name for m in moves)
-    moved = old_name in by_old
+    moved = old_name in by_old and by_old[old_name].moved_now
     edits: list[tuple[int, int, str]] = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
             old_name = before.get(p, _module_of(p, root))
             for m in moves:
                 dest = root.joinpath(*m.new.split(".")).with_suffix(".py")
-                if p == dest:
+                if p == dest and m.moved_now:
                     old_name = m.old
             text = p.read_text()
             out = rewrite_file(p, moves, root, old_name)
