@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.layers import open_uncompressed
 from envbuild.errors import InputFileError
 from envbuild.installed.venv import VenvTarget
 from envbuild.installed.wheelpaths import member_path
 from envbuild.linkcheck.core import SYSTEM_DIRS, Report, check_entries
 from envbuild.linkcheck.facts import ElfInfo
 from envbuild.linkcheck.reader import Cache
+from envbuild.oci.compression import open_uncompressed
 
 #: Listing a base layer stops after this many members (a bound on a hostile layer).
 MAX_MEMBERS = 2_000_000

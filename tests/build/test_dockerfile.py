@@ -17,11 +17,11 @@ from support.project import write_project
 
 from envbuild.build.base import debian
 from envbuild.build.dockerfile import render_dockerfile
-from envbuild.build.layers import open_uncompressed
 from envbuild.build.planner import load_lock
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock
 from envbuild.lock.wheels import WheelRef
+from envbuild.oci.compression import open_uncompressed
 from envbuild.spec import load_spec
 
 DIGEST = "sha256:" + "ab" * 32

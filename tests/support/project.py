@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from envbuild.build.layers import open_uncompressed
 from envbuild.fsio import sha256_file
 from envbuild.lock.check import patch_records
 from envbuild.lock.core import lock_path
@@ -30,6 +29,7 @@ from envbuild.lock.model import (
     ToolTable,
 )
 from envbuild.lock.wheels import WheelRef
+from envbuild.oci.compression import open_uncompressed
 from envbuild.spec import load_spec
 from envbuild.store.core import Store
 

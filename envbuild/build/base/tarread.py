@@ -39,9 +39,10 @@ from envbuild.build.base.tarsafe import (
     member_path,
 )
 from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind, Opener
-from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
+from envbuild.build.layers import Compression
 from envbuild.errors import ToolFailed
 from envbuild.fsio import rmtree
+from envbuild.oci.compression import MEDIA_TYPES, open_uncompressed
 
 CHUNK = 1 << 20
 #: The largest PAX or GNU long-name header read (tarfile holds one in memory).
