@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         if args.python_only
         else BaseMode.PIN
     )
-    pinner = BasePinner(mode, Store(args.store) if args.store else None)
+    from envbuild.build.base import resolve_debian  # mmdebstrap's driver: only when locking
+
+    store = Store(args.store) if args.store else None
+    pinner = BasePinner(mode, store, None if mode is BaseMode.KEEP else resolve_debian)
     results = []
     for spec in args.specs:
         loaded = validate(spec).loaded

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from envbuild import proc
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarsafe import Limits
@@ -63,5 +64,7 @@ def build_base(
 
 def resolve_debian(store: Store, spec_base: Any) -> DebianBaseLock:
     """Resolve a Debian base's package set against its mirror (runs mmdebstrap once; the rootfs
-    is kept in the store as the build of that pinned set)."""
+    is kept in the store as the build of that pinned set). The lock stage's
+    :class:`~envbuild.lock.pin.BasePinner` is given this as its ``resolver``."""
+    proc.which("mmdebstrap", hint=debian.HINT)
     return debian.resolve(store, spec_base)
