@@ -5,13 +5,14 @@
 ``MOVES`` maps an old dotted module to its new one. For each row the rewriter ``git mv``s the file
 (a package's ``__init__.py`` moves to the new module and a new ``__init__.py`` keeps only the old
 docstring), creates missing package ``__init__.py``s, then rewrites every reference across
-``envbuild/``, ``tests/``, ``tools/`` and ``bench/``: ``from envbuild.x import y`` (per name, so a
-name that was re-exported by a package's ``__init__`` goes to the module that defines it),
-``from envbuild.x import moved_module``, ``import envbuild.x.y``, relative imports, and dotted
-names in strings and comments (``mock.patch("envbuild.x.y.name")``). It ends with ``ruff check
---select I --fix`` and ``ruff format`` on the files it changed. A row whose old module is already
-moved (its new module exists) is not moved again but its references are still rewritten, so
-running it twice changes nothing the second time, and a merged tree can be rewritten again.
+``envbuild/``, ``tests/``, ``tools/``, ``bench/`` and ``scripts/`` (all but this file): ``from
+envbuild.x import y`` (per name, so a name that was re-exported by a package's ``__init__`` goes
+to the module that defines it), ``from envbuild.x import moved_module``, ``import envbuild.x.y``,
+relative imports, and dotted names in strings and comments (``mock.patch("envbuild.x.y.name")``).
+It ends with ``ruff check --select I --fix`` and ``ruff format`` on the files it changed. A row
+whose old module is already moved (its new module exists) is not moved again but its references
+are still rewritten, so running it twice changes nothing the second time, and a merged tree can
+be rewritten again.
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ MOVES: dict[str, str] = {
     "envbuild.lock": "envbuild.lock.core",
     "envbuild.registry": "envbuild.registry.core",
     "envbuild.linkcheck": "envbuild.linkcheck.core",
-    "envbuild.pipeline.core": "envbuild.pipeline.core",
-    "envbuild.installed.hashing": "envbuild.installed.hashing",
-    "envbuild.installed.wheelpaths": "envbuild.installed.wheelpaths",
-    "envbuild.lock.wheels": "envbuild.lock.wheels",
-    "envbuild.lock.closure": "envbuild.lock.closure",
+    "envbuild.build.pipeline": "envbuild.pipeline.core",
+    # the plan of a whole build lists its source builds, and a Dockerfile export renders that
+    # plan: both sit above sourcebuild, beside the pipeline
+    "envbuild.build.planner": "envbuild.pipeline.planner",
+    "envbuild.build.dockerfile": "envbuild.pipeline.dockerfile",
+    "envbuild.snapshot.hashing": "envbuild.installed.hashing",
+    "envbuild.build.wheelpaths": "envbuild.installed.wheelpaths",
+    "envbuild.build.wheels": "envbuild.lock.wheels",
+    "envbuild.sourcebuild.closure": "envbuild.lock.closure",
 }
 
 
@@ -218,6 +223,8 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     changed = []
     for tree in TREES:
         for p in sorted((root / tree).rglob("*.py")):
+            if p.resolve() == Path(__file__).resolve():
+                continue  # its own table names the old modules
             old_name = before.get(p, _module_of(p, root))
             for m in moves:
                 dest = root.joinpath(*m.new.split(".")).with_suffix(".py")
