@@ -16,8 +16,8 @@ from conftest import REPO
 from envbuild import templates
 from envbuild.apply import unit as units
 from envbuild.apply.hostsetup import render_host_setup
-from envbuild.build.dockerfile import render_dockerfile
 from envbuild.pipeline.core import load_lock
+from envbuild.pipeline.dockerfile import render_dockerfile
 from envbuild.spec import load_spec
 
 SPECS = REPO / "specs"

@@ -13,7 +13,7 @@ package bumped or added moves no other package); vLLM, patched and source-built 
 top. The whole stays within the spec's layer budget (``[image] max_layers``, default 60).
 
 The wheels are chosen by :mod:`envbuild.lock.wheels`, the image config by
-:mod:`envbuild.build.config`; :func:`envbuild.build.planner.make_plan` puts a plan together.
+:mod:`envbuild.build.config`; :func:`envbuild.pipeline.planner.make_plan` puts a plan together.
 """
 
 from __future__ import annotations

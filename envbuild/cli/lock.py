@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from envbuild.build.dockerfile import export_wheels
+    from envbuild.pipeline.dockerfile import export_wheels
     from envbuild.store.core import default_store
 
     if len(args.specs) > 1 or args.check or args.output is not None:

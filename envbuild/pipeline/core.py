@@ -43,14 +43,6 @@ from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer, store
 from envbuild.build.outputs import Sbom, lock_output, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
-from envbuild.build.planner import (
-    COMPRESSION,
-    compression_of,
-    load_lock,
-    make_plan,
-    plan_target,
-    wheel_refs,
-)
 from envbuild.build.sbom import image_sbom
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import EnvbuildError, EnvironmentFailure
@@ -59,6 +51,14 @@ from envbuild.lock.base import spec_path
 from envbuild.lock.core import find_lock
 from envbuild.lock.model import Lock
 from envbuild.lock.wheels import WheelRef
+from envbuild.pipeline.planner import (
+    COMPRESSION,
+    compression_of,
+    load_lock,
+    make_plan,
+    plan_target,
+    wheel_refs,
+)
 from envbuild.progress import NULL, Progress
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.sources import SourceOutcome, realize_sources

@@ -3,7 +3,7 @@
 A case folder holds ``spec.toml`` (the spec), ``pylock.<name>.toml`` (its lock, the name
 :func:`envbuild.lock.core.lock_path` gives it), any file the spec names (patches), and
 ``plan.json``: the :class:`envbuild.build.plan.Plan` that
-:func:`envbuild.build.planner.make_plan` computes from them. ``_shared/`` is copied into
+:func:`envbuild.pipeline.planner.make_plan` computes from them. ``_shared/`` is copied into
 ``specs/`` of every case (``extends = "base/rtx-pro-6000-8x.toml"``). The seed cases are copies
 of ``specs/<name>.toml`` and ``lockfiles/pylock.<name>.toml``.
 
@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.planner import load_lock, make_plan
 from envbuild.fsio import canonical_json
+from envbuild.pipeline.planner import load_lock, make_plan
 from envbuild.spec import load_spec
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "build"

@@ -28,12 +28,12 @@ from envbuild import templates
 from envbuild.build.config import image_config
 from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
-from envbuild.build.planner import load_lock
 from envbuild.errors import ManifestError, UserError
 from envbuild.fsio import atomic_writer, write_atomic
 from envbuild.lock.core import find_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock, Lock
 from envbuild.lock.wheels import select_wheels
+from envbuild.pipeline.planner import load_lock
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store
 
