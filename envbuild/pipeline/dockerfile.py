@@ -34,6 +34,7 @@ from envbuild.lock.core import find_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock, Lock
 from envbuild.lock.wheels import select_wheels
 from envbuild.pipeline.planner import load_lock
+from envbuild.sourcebuild.audit import Audit
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store
 
@@ -178,7 +179,7 @@ def store_wheels(
     out: dict[str, StoreWheel] = {}
     for b in manifest.source_builds:
         flags = " ".join(f"{k}={v}" for k, v in sorted(b.flags.items()))
-        sass = ", ".join(b.audit_sass()) or "none"
+        sass = ", ".join(Audit.model_validate(b.audit).sass) or "none"
         note = (
             f"built from {b.sdist['name']} (source build {b.key[:12]}) with {flags or 'no flags'}; "
             f"MAX_JOBS {b.max_jobs}; audit SASS {sass}"
