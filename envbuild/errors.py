@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 
 class ExitCode:
@@ -402,3 +403,97 @@ class LinkFindings(UserError):
         if self.hint:
             out.append(f"hint: {self.hint}")
         return out
+
+
+class CacheDamaged(EnvironmentFailure):
+    """A cache entry broke between its check and its use (read it again: remove the folder)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"{path}: damaged link-check cache entry ({why})", hint=f"remove {path.parent}"
+        )
+
+
+PATCH_HINT = (
+    "regenerate the patch against the locked version of the distribution (paths relative to "
+    "site-packages, `diff -u a/... b/...`, applied with -p1)"
+)
+
+
+class PatchFailed(UserError):
+    """A patch does not apply. Names the patch file and, when ``patch`` said it, the hunk."""
+
+    def __init__(
+        self, patch: str, message: str, *, hunks: Sequence[str] = (), output: str = ""
+    ) -> None:
+        super().__init__(f"{patch}: {message}", hint=PATCH_HINT)
+        self.patch = patch
+        self.hunks = list(hunks)
+        self.output = output
+
+    def lines(self) -> list[str]:
+        out = [self.message, *("  " + h for h in self.hunks)]
+        if self.output.strip():
+            out.append("patch said:")
+            out.extend("  " + line for line in self.output.rstrip().splitlines()[-20:])
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class BuildFailed(ToolFailed):
+    """A source build failed; carries the log's tail. ``killed``: it ran out of memory."""
+
+
+class ArchMissing(UserError):
+    """The built wheel holds no code for a target GPU's compute capability."""
+
+
+class UnreadableFiles(UserError):
+    """Files of an environment that exist but cannot be read: the check cannot be complete."""
+
+
+class LayerError(UserError):
+    """A layer's content cannot be written as asked (a bad path, a device file, a duplicate)."""
+
+
+class _Pair(Protocol):
+    """What :class:`OverlapError` reads of an overlap (``envbuild.build.overlaps.Overlap``)."""
+
+    @property
+    def first(self) -> str: ...
+    @property
+    def second(self) -> str: ...
+    @property
+    def paths(self) -> Sequence[str]: ...
+
+
+class OverlapError(UserError):
+    """Two distributions write the same path and the spec does not say which one wins."""
+
+    def __init__(self, overlaps: Sequence[_Pair]) -> None:
+        first = overlaps[0]
+        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
+        super().__init__(
+            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
+            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
+            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
+            f'"{first.second}" (or the other way round)',
+        )
+        self.overlaps = list(overlaps)
+
+    def lines(self) -> list[str]:
+        """The error and every pair with (up to 40 of) its paths, for the CLI."""
+        out = [self.message]
+        for ov in self.overlaps:
+            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
+            out.extend(f"    {p}" for p in ov.paths[:40])
+            if len(ov.paths) > 40:
+                out.append(f"    … {len(ov.paths) - 40} more")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class UnsafeArchive(InputFileError):
+    """A base tarball tries to write outside its target, or holds what a layer cannot."""

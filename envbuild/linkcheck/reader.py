@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import EnvironmentFailure
+from envbuild.errors import CacheDamaged
 from envbuild.linkcheck.facts import ElfInfo
 
 log = logging.getLogger(__name__)
@@ -137,15 +137,6 @@ class Cache:
     def put_stats(self, key: str, stats: Mapping[str, list[Any]]) -> None:
         if self.root is not None:
             _write(self.root / "stat" / f"{key}.json", json.dumps(stats, sort_keys=True).encode())
-
-
-class CacheDamaged(EnvironmentFailure):
-    """A cache entry broke between its check and its use (read it again: remove the folder)."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(
-            f"{path}: damaged link-check cache entry ({why})", hint=f"remove {path.parent}"
-        )
 
 
 def _doc_digest(body: Any) -> str:

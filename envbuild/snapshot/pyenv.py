@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envbuild import proc
-from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed
+from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UnreadableFiles
 from envbuild.installed.hashing import hash_one, stat_one
 from envbuild.snapshot import records
-from envbuild.snapshot.distinfo import UnreadableFiles, describe, find_dists
+from envbuild.snapshot.distinfo import describe, find_dists
 from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv
 from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 

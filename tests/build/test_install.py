@@ -16,7 +16,8 @@ import pytest
 from support.wheels import make_wheel, ref
 
 from envbuild.build.install import install, write_venv
-from envbuild.build.overlaps import OverlapError, find_overlaps, resolve_overlaps
+from envbuild.build.overlaps import find_overlaps, resolve_overlaps
+from envbuild.errors import OverlapError
 from envbuild.installed.venv import VenvTarget
 from envbuild.installed.wheelpaths import wheel_files
 

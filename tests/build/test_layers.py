@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from envbuild.build import layers as layers_mod
-from envbuild.build.entries import Entry, Kind, LayerError, tree_entries, whiteout
+from envbuild.build.entries import Entry, Kind, tree_entries, whiteout
 from envbuild.build.layers import Compression, layer_from_tree, write_layer
 from envbuild.build.tarwrite import Sink, header
-from envbuild.errors import ToolFailed
+from envbuild.errors import LayerError, ToolFailed
 from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 

@@ -17,12 +17,11 @@ from support.debianbase import DebianRootfs, need
 
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
-from envbuild.build.base.tarsafe import UnsafeArchive
 from envbuild.build.entries import Entry, Kind, opaque, whiteout
 from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import Compression, layer_from_tree, write_layer
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.errors import IntegrityError, ToolFailed
+from envbuild.errors import IntegrityError, ToolFailed, UnsafeArchive
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
