@@ -29,7 +29,8 @@ from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
 from envbuild import proc, scratch
-from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed, failure_hint
+from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed
+from envbuild.hints import failure_hint
 from envbuild.lock.model import Hashes, LockedBuild, LockedFile, LockedPackage
 from envbuild.lock.sdist import SdistMetadata, sdist_metadata
 from envbuild.lock.target import Target, build_names, expand_url, requirements_of

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from envbuild.errors import ToolFailed, ToolNotFound, failure_hint
+from envbuild.errors import ToolFailed, ToolNotFound
+from envbuild.hints import failure_hint
 from envbuild.proc.children import (
     STOP_GRACE,
     STOP_SIGNALS,
@@ -190,7 +191,7 @@ def run(
     """Run ``argv`` and return its output.
 
     ``hint`` says how to get the tool when it is not there (:class:`ToolNotFound`). A failure's
-    hint follows from the failure (:func:`~envbuild.errors.failure_hint`: its exit status and
+    hint follows from the failure (:func:`~envbuild.hints.failure_hint`: its exit status and
     last lines), else ``on_failure`` (what the caller knows a failure of this call means).
 
     ``stream=True`` sends each output line to the ``envbuild.proc`` logger at DEBUG level as it
