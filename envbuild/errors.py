@@ -440,3 +440,7 @@ class OverlapError(UserError):
 
 class UnsafeArchive(InputFileError):
     """A base tarball tries to write outside its target, or holds what a layer cannot."""
+
+
+class StageError(EnvironmentFailure):
+    """Wraps an unexpected failure of one stage with the stage's name."""

@@ -45,7 +45,7 @@ from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
 from envbuild.build.sbom import image_sbom
 from envbuild.engine import ContainerEngine, DockerEngine
-from envbuild.errors import EnvbuildError, EnvironmentFailure
+from envbuild.errors import EnvbuildError, StageError
 from envbuild.installed.venv import VenvTarget
 from envbuild.lock.base import spec_path
 from envbuild.lock.core import find_lock
@@ -66,10 +66,6 @@ from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store, output_root_name
 
 log = logging.getLogger(__name__)
-
-
-class StageError(EnvironmentFailure):
-    """Wraps an unexpected failure of one stage with the stage's name."""
 
 
 @contextlib.contextmanager
