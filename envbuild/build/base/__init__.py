@@ -21,6 +21,7 @@ from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarsafe import Limits
 from envbuild.build.layers import Compression
+from envbuild.lock.base import lock_base
 from envbuild.lock.model import (
     BaseLock,
     DebianBaseLock,
@@ -45,8 +46,6 @@ def build_base(
     pins (resolved against its mirror first when there is none: see ``BaseImage.lock``); the
     other kinds are pinned by the spec itself (digest, sha256). ``tls_verify=False`` lets a
     registry base come from a plain-HTTP registry (tests)."""
-    from envbuild.lock.base import lock_base  # lazily: envbuild.lock may use this package
-
     spec_base = loaded.spec.base
     if spec_base.kind == "debian":
         pinned = lock if isinstance(lock, DebianBaseLock) else None
