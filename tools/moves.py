@@ -212,12 +212,14 @@ def _module_of(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+def main(
+    argv: list[str] | None = None, root: Path = ROOT, table: dict[str, str] | None = None
+) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="list the moves, change nothing")
     args = ap.parse_args(argv)
     before = {p: _module_of(p, root) for tree in TREES for p in sorted((root / tree).rglob("*.py"))}
-    moves = do_moves(MOVES, root, args.dry_run)
+    moves = do_moves(MOVES if table is None else table, root, args.dry_run)
     if args.dry_run or not moves:
         return 0
     changed = []
