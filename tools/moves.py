@@ -186,7 +186,35 @@ def rewrite_file(path: Path, moves: list[Move], root: Path, old_name: str) -> st
     for start, end, new_text in sorted(edits, reverse=True):
         lines[start - 1 : end] = [new_text]
     text = "".join(lines)
-    return _rename_dotted(text, moves)
+    return _rename_dotted(_rename_in_strings(text, moves), moves)
+
+
+def _rename_in_strings(text: str, moves: list[Move]) -> str:
+    """``from envbuild.x import y`` left in the text after the real imports were rewritten: code
+    in strings (a ``python -c`` script a test runs), one name per import (a list that names a
+    moved module is left for a hand edit)."""
+    for m in moves:
+        parent, _, leaf = m.old.rpartition(".")
+        if not m.package:
+            new_parent, _, new_leaf = m.new.rpartition(".")
+            alias = "" if new_leaf == leaf else f" as {leaf}"
+            text = re.sub(
+                rf"\bfrom {re.escape(parent)} import {leaf}\b(?! as)(?!,)(?!\s*,)",
+                f"from {new_parent} import {new_leaf}{alias}",
+                text,
+            )
+        else:
+
+            def sub(match: re.Match[str], m: Move = m) -> str:
+                name = match.group(1)
+                return (
+                    match.group(0)
+                    if m.child_module(name)
+                    else f"from {m.target_of(name)} import {name}"
+                )
+
+            text = re.sub(rf"\bfrom {re.escape(m.old)} import (\w+)\b(?!,)", sub, text)
+    return text
 
 
 def _rename_dotted(text: str, moves: list[Move]) -> str:
