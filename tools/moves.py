@@ -32,6 +32,9 @@ MOVES: dict[str, str] = {
     "envbuild.lock": "envbuild.lock.core",
     "envbuild.registry": "envbuild.registry.core",
     "envbuild.linkcheck": "envbuild.linkcheck.core",
+    "envbuild.proc": "envbuild.proc.core",
+    "envbuild.snapshot": "envbuild.snapshot.core",
+    "envbuild.templates": "envbuild.templates.core",
     "envbuild.build.pipeline": "envbuild.pipeline.core",
     # the plan of a whole build lists its source builds, and a Dockerfile export renders that
     # plan: both sit above sourcebuild, beside the pipeline
