@@ -585,7 +585,7 @@ def verify_import(spec: Path, blob: Path, filename: str) -> dict[str, Any]:
 
     from envbuild.lock.core import lock_path
     from envbuild.lock.io import read_lock
-    from envbuild.proc import find_uv
+    from envbuild.proc.core import find_uv
 
     loaded, req = _request(spec, None)
     lock = read_lock(lock_path(loaded))

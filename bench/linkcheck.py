@@ -66,7 +66,7 @@ def make_venv(venv: Path) -> None:
     if (venv / "bin" / "python").exists():
         return
     sys.path.insert(0, str(REPO))
-    from envbuild import proc
+    from envbuild.proc import core as proc
 
     uv = proc.find_uv()
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}

@@ -31,7 +31,7 @@ class ExitCode:
 
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM, SIGHUP) stopped envbuild: its children were stopped with it
-    (:func:`envbuild.proc.stopping_on_signals`) and it exits with 128 + the signal's number
+    (:func:`envbuild.proc.core.stopping_on_signals`) and it exits with 128 + the signal's number
     (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process the signal
     killed. A KeyboardInterrupt, so that what undoes a half-done step on Ctrl-C runs for each."""
 

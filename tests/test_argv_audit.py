@@ -3,7 +3,7 @@
 envbuild runs as root: a spec value that a tool reads as an option (``--setup-hook=…`` given
 to mmdebstrap as a mirror) runs whatever the spec says. Two halves:
 
-- an inventory: every call of :func:`envbuild.proc.run` (and the other ways to start a
+- an inventory: every call of :func:`envbuild.proc.core.run` (and the other ways to start a
   process) in envbuild, found by reading the source, each listed below with the spec values
   that reach its argv. A new call site fails the test until it is listed (after checking its
   argv).
@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.mmdebstrap import need_mmdebstrap
 
-from envbuild import proc
 from envbuild.errors import ExitCode, SpecError
+from envbuild.proc import core as proc
 from envbuild.spec.load import LoadedSpec, load_spec
 
 ENVBUILD = Path(__file__).resolve().parent.parent / "envbuild"

@@ -25,7 +25,7 @@ from support.debianbase import DEBIAN_SPEC
 from support.mmdebstrap import need_mmdebstrap
 from support.mounts import Mounts, mounted_under, mounts  # noqa: F401
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 SPEC = DEBIAN_SPEC
 

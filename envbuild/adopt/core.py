@@ -36,9 +36,10 @@ from envbuild.adopt.report import Adopted, NotAdopted, PatchWritten, Pinned
 from envbuild.build.fetch import fetch_wheels
 from envbuild.errors import UsageError
 from envbuild.lock.wheels import WheelRef
-from envbuild.snapshot import Options as SnapOptions
-from envbuild.snapshot import Snapshot, take_snapshot
+from envbuild.snapshot.core import Options as SnapOptions
+from envbuild.snapshot.core import take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
+from envbuild.snapshot.model import Snapshot
 from envbuild.snapshot.model.pyenv import Distribution, PythonEnv
 from envbuild.snapshot.model.services import HfCacheSection
 from envbuild.snapshot.nvml import Nvml

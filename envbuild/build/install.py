@@ -26,11 +26,12 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.fsio import record_digest
 from envbuild.installed.venv import VenvTarget
 from envbuild.lock.wheels import WheelRef
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from envbuild import proc
 from envbuild.build.entries import Entry, arrange, normalize_path, tree_entries
 from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar, write_tree
 from envbuild.errors import LayerError, UserError
 from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.oci.compression import MEDIA_TYPES
+from envbuild.proc import core as proc
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)

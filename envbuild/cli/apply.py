@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     show = None if args.json else _show_preflight
     show_recovered = None if args.json else show_recovery
     # SIGTERM undoes a half-done switch like Ctrl-C does: both raise a KeyboardInterrupt
-    # (envbuild.errors.Interrupted, from the CLI's envbuild.proc.stopping_on_signals)
+    # (envbuild.errors.Interrupted, from the CLI's envbuild.proc.core.stopping_on_signals)
     outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
     stats = _cache_stats(host)
     if args.json:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure
 from envbuild.linkcheck.check import SHOWN, EnvFile, Finding, Tree, check
 from envbuild.linkcheck.reader import Cache, default_cache, read_all, tree_key
+from envbuild.proc import core as proc
 
 __all__ = [
     "DriverLibraries",

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from envbuild import proc
 from envbuild.errors import UserError
 from envbuild.oci.blobs import layer_compression
 from envbuild.oci.layout import Compression
+from envbuild.proc import core as proc
 
 ZSTD_HINT = "install it (Debian: apt-get install zstd)"
 

@@ -24,7 +24,6 @@ from typing import Any
 import jinja2
 from packaging.utils import canonicalize_name
 
-from envbuild import templates
 from envbuild.build.config import image_config
 from envbuild.build.install import uv_version
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
@@ -37,6 +36,7 @@ from envbuild.pipeline.planner import load_lock
 from envbuild.sourcebuild.audit import Audit
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store
+from envbuild.templates import core as templates
 
 log = logging.getLogger(__name__)
 

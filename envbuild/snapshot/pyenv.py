@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UnreadableFiles
 from envbuild.installed.hashing import hash_one, stat_one
+from envbuild.proc import core as proc
 from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import describe, find_dists
 from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, PythonEnv

@@ -28,9 +28,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import InputFileError, PatchFailed, UserError
 from envbuild.fsio import atomic_writer, canonical_json, record_digest, sha256_file
+from envbuild.proc import core as proc
 from envbuild.store.core import Output, Store, derivation_key
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import pytest
 
 from envbuild.lock.core import lock_path
 from envbuild.lock.io import read_lock
-from envbuild.proc import find_uv
+from envbuild.proc.core import find_uv
 from envbuild.sourcebuild.audit import audit_wheel
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.inputs import inputs_of

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sourcebuild.conftest import request, store_state
 
-from envbuild import proc
 from envbuild.errors import ArchMissing, BuildFailed, ToolNotFound, UserError
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.jobs import choose_max_jobs
 from envbuild.sourcebuild.realise import BuildResult, add_wheel, realize

@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarsafe import Limits
@@ -29,6 +28,7 @@ from envbuild.lock.model import (
     OciLayoutBaseLock,
     RootfsBaseLock,
 )
+from envbuild.proc import core as proc
 from envbuild.store.core import Store
 
 __all__ = ["DEFAULT_PATH", "BaseImage", "build_base", "resolve_debian"]
