@@ -1,5 +1,6 @@
 """systemd units matching a pattern (default ``vllm*``): state, ExecStart and environment, with
-secrets redacted. Through ``systemctl`` (via :func:`envbuild.proc.core.run`), which any user may ask."""
+secrets redacted. Through ``systemctl`` (via :func:`envbuild.proc.core.run`), which any user may
+ask."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Filters = Mapping[str, Callable[..., Any]]
 def environment(filters: Filters | None = None) -> jinja2.Environment:
     """The environment envbuild's templates render with, with ``filters`` added."""
     env = jinja2.Environment(
-        loader=jinja2.PackageLoader(__name__, "."),
+        loader=jinja2.PackageLoader("envbuild.templates", "."),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
