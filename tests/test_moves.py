@@ -35,6 +35,7 @@ FILES = {
         'TARGET = "envbuild.alpha.read"\n'
         'OTHER = "envbuild.alpha.model.Lock"\n'
         "x = envbuild.beta.wheels.pick\n"
+        'WHERE = ["alpha/__init__.py:read", "envbuild/beta/wheels.py", "beta/wheels.pyc"]\n'
     ),
 }
 TABLE = {"envbuild.alpha": "envbuild.alpha.core", "envbuild.beta.wheels": "envbuild.gamma.wheels"}
@@ -71,6 +72,7 @@ def test_moves_rewrite_every_reference(tmp_path: Path) -> None:
     assert '"envbuild.alpha.core.read"' in test
     assert '"envbuild.alpha.model.Lock"' in test
     assert "x = envbuild.gamma.wheels.pick" in test
+    assert '["alpha/core.py:read", "envbuild/gamma/wheels.py", "beta/wheels.pyc"]' in test
     _git(tmp_path, "add", "-A")
     after = {p: p.read_text() for p in tmp_path.rglob("*.py")}
     assert moves.main([], root=tmp_path, table=TABLE) == 0  # a second run changes nothing

@@ -8,7 +8,8 @@ docstring), creates missing package ``__init__.py``s, then rewrites every refere
 ``envbuild/``, ``tests/``, ``tools/``, ``bench/`` and ``scripts/`` (all but this file): ``from
 envbuild.x import y`` (per name, so a name that was re-exported by a package's ``__init__`` goes
 to the module that defines it), ``from envbuild.x import moved_module``, ``import envbuild.x.y``,
-relative imports, and dotted names in strings and comments (``mock.patch("envbuild.x.y.name")``).
+relative imports, dotted names in strings and comments (``mock.patch("envbuild.x.y.name")``) and
+file paths (``"x/y.py"``).
 It ends with ``ruff check --select I --fix`` and ``ruff format`` on the files it changed. A row
 whose old module is already moved (its new module exists) is not moved again but its references
 are still rewritten, so running it twice changes nothing the second time, and a merged tree can
@@ -189,7 +190,7 @@ def rewrite_file(path: Path, moves: list[Move], root: Path, old_name: str) -> st
     for start, end, new_text in sorted(edits, reverse=True):
         lines[start - 1 : end] = [new_text]
     text = "".join(lines)
-    return _rename_dotted(_rename_in_strings(text, moves), moves)
+    return _rename_paths(_rename_dotted(_rename_in_strings(text, moves), moves), moves)
 
 
 def _rename_in_strings(text: str, moves: list[Move]) -> str:
@@ -217,6 +218,18 @@ def _rename_in_strings(text: str, moves: list[Move]) -> str:
                 )
 
             text = re.sub(rf"\bfrom {re.escape(m.old)} import (\w+)\b(?!,)", sub, text)
+    return text
+
+
+def _rename_paths(text: str, moves: list[Move]) -> str:
+    """File paths of moved modules written in the text (``"linkcheck/__init__.py:demangle"`` in
+    an inventory a test keeps), with or without the leading ``envbuild/``."""
+    for m in moves:
+        old = "/".join(m.old.split(".")[1:]) + ("/__init__.py" if m.package else ".py")
+        new = "/".join(m.new.split(".")[1:]) + ".py"
+        text = re.sub(
+            rf"(?<![\w/.])((?:envbuild/)?){re.escape(old)}(?![\w/])", rf"\g<1>{new}", text
+        )
     return text
 
 
