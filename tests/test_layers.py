@@ -33,23 +33,23 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path / "envbuild"
 
 
-LAYERS = 'layers = [["errors"], ["lock"], ["build"]]\nallowed = []\n'
+LAYERS = 'layers = [["errors"], ["middle"], ["build"]]\nallowed = []\n'
 
 
 def test_the_check_finds_a_planted_upward_import(tmp_path: Path) -> None:
-    """A lock module reaching up into build inside a function is found, with its file and line;
+    """A middle module reaching up into build inside a function is found, with its file and line;
     at module level only the upward import inside the function is not counted."""
     pkg = _tree(
         tmp_path,
         {
             "__init__.py": "",
             "errors.py": "",
-            "lock/__init__.py": '"""Docstring only."""\n',
-            "lock/core.py": (
+            "middle/__init__.py": '"""Docstring only."""\n',
+            "middle/core.py": (
                 "from envbuild.errors import x\n\n\ndef f():\n    from envbuild.build import y\n"
             ),
             "build/__init__.py": "",
-            "build/y.py": "from envbuild.lock.core import f\n",
+            "build/y.py": "from envbuild.middle.core import f\n",
         },
     )
     (tmp_path / "layers.toml").write_text(LAYERS)
@@ -57,14 +57,14 @@ def test_the_check_finds_a_planted_upward_import(tmp_path: Path) -> None:
     lazy = layout_check.package_edges(pkg, lazy=True, root=tmp_path)
     bad, missing = layout_check.upward(lazy, rank, allowed)
     assert [(e.source, e.target, e.file, e.line, e.lazy) for e in bad] == [
-        ("lock", "build", "envbuild/lock/core.py", 5, True)
+        ("middle", "build", "envbuild/middle/core.py", 5, True)
     ]
     assert missing == []
     eager = layout_check.package_edges(pkg, lazy=False, root=tmp_path)
     assert layout_check.upward(eager, rank, allowed) == ([], [])
     # an allowed exception silences it; a package in no layer is reported
-    assert layout_check.upward(lazy, rank, {("lock", "build")}) == ([], [])
-    assert layout_check.upward(lazy, {"lock": 0, "build": 1}, set())[1] == ["errors"]
+    assert layout_check.upward(lazy, rank, {("middle", "build")}) == ([], [])
+    assert layout_check.upward(lazy, {"middle": 0, "build": 1}, set())[1] == ["errors"]
 
 
 def test_the_command_prints_the_upward_import(tmp_path: Path) -> None:
