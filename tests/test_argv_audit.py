@@ -61,7 +61,7 @@ INVENTORY: dict[str, tuple[int, str]] = {
     "build/layers.py:_tool_version": (1, ""),
     "build/layers.py:_write": (1, ""),
     "build/layers.py:open_uncompressed": (1, ""),
-    "linkcheck/__init__.py:demangle": (1, "symbol names, on stdin"),
+    "linkcheck/core.py:demangle": (1, "symbol names, on stdin"),
     "lock/resolve.py:_compile": (
         1,
         "python.version, python.platform, resolution.exclude_newer, index URLs as --opt= (a "

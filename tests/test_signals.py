@@ -161,7 +161,7 @@ def test_a_signal_to_envbuild_stops_mmdebstrap_and_what_it_started_and_mounted(
 #: Modules that may start a process without envbuild.proc: the probe runs inside a builder
 #: container (envbuild is not installed there); snapshot's hashing forks workers of its own,
 #: which it kills when interrupted (a signal raises in the parent's main thread).
-OUTSIDE_PROC = {"sourcebuild/container_probe.py", "snapshot/hashing.py"}
+OUTSIDE_PROC = {"sourcebuild/container_probe.py", "installed/hashing.py"}
 
 
 def test_every_child_is_started_by_proc() -> None:

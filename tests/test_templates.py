@@ -93,6 +93,6 @@ def test_no_other_module_builds_a_jinja_environment() -> None:
             if name in {"Environment", "PackageLoader", "FileSystemLoader"}:
                 builders.append((str(path.relative_to(package)), name))
     assert builders == [
-        ("templates/__init__.py", "Environment"),
-        ("templates/__init__.py", "PackageLoader"),
+        ("templates/core.py", "Environment"),
+        ("templates/core.py", "PackageLoader"),
     ]
