@@ -60,7 +60,7 @@ INVENTORY: dict[str, tuple[int, str]] = {
     "build/install.py:uv_version": (1, ""),
     "build/layers.py:_tool_version": (1, ""),
     "build/layers.py:_write": (1, ""),
-    "build/layers.py:open_uncompressed": (1, ""),
+    "oci/compression.py:open_uncompressed": (1, ""),
     "linkcheck/core.py:demangle": (1, "symbol names, on stdin"),
     "lock/resolve.py:_compile": (
         1,
