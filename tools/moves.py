@@ -168,11 +168,18 @@ def rewrite_file(path: Path, moves: list[Move], root: Path, old_name: str) -> st
         changed = node.level > 0 and moved  # made absolute: the file moved
         for a in node.names:
             full = f"{base}.{a.name}"
-            if base in by_old:
+            if full in by_old and not by_old[full].package:  # a moved module, by name
+                new = by_old[full].new
+                parent, _, leaf = new.rpartition(".")
+                groups.setdefault(parent, []).append((leaf, a.asname or a.name))
+                changed = True
+            elif base in by_old:
                 target = by_old[base].target_of(a.name)
+                if target in by_old and not by_old[target].package:  # re-exported from a move
+                    target = by_old[target].new
                 changed |= target != base
                 groups.setdefault(target, []).append((a.name, a.asname))
-            elif full in by_old:
+            elif full in by_old:  # a package whose __init__ moved, imported by name
                 new = by_old[full].new
                 parent, _, leaf = new.rpartition(".")
                 groups.setdefault(parent, []).append((leaf, a.asname or a.name))
@@ -197,7 +204,8 @@ def _rename_in_strings(text: str, moves: list[Move]) -> str:
     """``from envbuild.x import y`` left in the text after the real imports were rewritten: code
     in strings (a ``python -c`` script a test runs), one name per import (a list that names a
     moved module is left for a hand edit)."""
-    for m in moves:
+    plain = {m.old: m.new for m in moves if not m.package}
+    for m in sorted(moves, key=lambda m: m.package):  # module moves first: a package's child
         parent, _, leaf = m.old.rpartition(".")
         if not m.package:
             new_parent, _, new_leaf = m.new.rpartition(".")
@@ -214,7 +222,7 @@ def _rename_in_strings(text: str, moves: list[Move]) -> str:
                 return (
                     match.group(0)
                     if m.child_module(name)
-                    else f"from {m.target_of(name)} import {name}"
+                    else f"from {plain.get(t := m.target_of(name), t)} import {name}"
                 )
 
             text = re.sub(rf"\bfrom {re.escape(m.old)} import (\w+)\b(?!,)", sub, text)
