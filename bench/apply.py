@@ -100,8 +100,8 @@ def timed(fn, work: Path, n: int):  # type: ignore[no-untyped-def]
 
 
 def plain_install(venv: Path, lock: Path, mode: str, python: str) -> None:
-    from envbuild import proc
     from envbuild.apply.venv import create_venv
+    from envbuild.proc import core as proc
 
     create_venv(venv, python)
     run = proc.run(

@@ -43,12 +43,14 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 import wholeproc  # noqa: E402
 
-from envbuild.build import layerbuild, layers, planner  # noqa: E402
-from envbuild.build import pipeline as build_mod  # noqa: E402
-from envbuild.build.dockerfile import render_dockerfile  # noqa: E402
+from envbuild.build import layerbuild, layers  # noqa: E402
 from envbuild.build.entries import tree_entries  # noqa: E402
-from envbuild.build.install import VenvTarget, install  # noqa: E402
-from envbuild.lock import lock_path, lock_spec  # noqa: E402
+from envbuild.build.install import install  # noqa: E402
+from envbuild.installed.venv import VenvTarget  # noqa: E402
+from envbuild.lock.core import lock_path, lock_spec  # noqa: E402
+from envbuild.pipeline import core as build_mod  # noqa: E402
+from envbuild.pipeline import planner  # noqa: E402
+from envbuild.pipeline.dockerfile import render_dockerfile  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 

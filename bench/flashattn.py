@@ -151,7 +151,8 @@ class Sampler(threading.Thread):
 
 
 def _request(spec: Path, max_jobs: int | None) -> Any:
-    from envbuild.lock import lock_path, read_lock
+    from envbuild.lock.core import lock_path
+    from envbuild.lock.io import read_lock
     from envbuild.sourcebuild.requests import build_requests
     from envbuild.spec.load import load_spec
 
@@ -582,8 +583,9 @@ def verify_import(spec: Path, blob: Path, filename: str) -> dict[str, Any]:
     import shutil
     import subprocess
 
-    from envbuild.lock import lock_path, read_lock
-    from envbuild.proc import find_uv
+    from envbuild.lock.core import lock_path
+    from envbuild.lock.io import read_lock
+    from envbuild.proc.core import find_uv
 
     loaded, req = _request(spec, None)
     lock = read_lock(lock_path(loaded))

@@ -39,10 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envbuild import proc
-from envbuild.snapshot import hashing
+from envbuild.installed import hashing
+from envbuild.installed.hashing import sha256_limit
+from envbuild.proc import core as proc
 from envbuild.snapshot.distinfo import find_dists
-from envbuild.snapshot.hashing import sha256_limit
 from envbuild.snapshot.model.pyenv import PythonEnv
 from envbuild.snapshot.pyenv import Interpreter, probe, scan_site_packages
 from envbuild.snapshot.records import Mode

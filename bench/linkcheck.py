@@ -51,7 +51,7 @@ print(json.dumps({"wall": wall, "cpu": cpu, "checked": report.checked,
 
 HASH = """
 import json, os, resource, sys, time
-from envbuild.snapshot import hashing
+from envbuild.installed import hashing
 paths = json.load(open(sys.argv[1]))
 t0 = time.perf_counter(); r0 = resource.getrusage(resource.RUSAGE_SELF)
 got = hashing.hash_files([(p, os.path.getsize(p)) for p in paths])
@@ -66,7 +66,7 @@ def make_venv(venv: Path) -> None:
     if (venv / "bin" / "python").exists():
         return
     sys.path.insert(0, str(REPO))
-    from envbuild import proc
+    from envbuild.proc import core as proc
 
     uv = proc.find_uv()
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from isal import isal_zlib
 
-from envbuild.build.install import VenvTarget
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.elf import BadElf, read_elf
 from envbuild.linkcheck.wheels import _members
 from envbuild.linkcheck.zipread import keep_heap

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envbuild.lock import check_lock, lock_path, lock_spec
+from envbuild.lock.core import check_lock, lock_path, lock_spec
 from envbuild.spec.validate import validate
 
 REPO = Path(__file__).resolve().parent.parent

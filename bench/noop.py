@@ -6,7 +6,7 @@
 
 The first call builds the image cold into WORK's store with this checkout; every run then
 rebuilds it (nothing to do) once with each checkout, alternating, each in a fresh interpreter
-that times only ``envbuild.build.pipeline.build`` (imports excluded). Prints the medians and their
+that times only ``envbuild.pipeline.core.build`` (imports excluded). Prints the medians and their
 ratio as JSON. Each checkout has its own copy of the store and the output folder (``cp -a``,
 hard links kept): what one writes cannot make the other's rebuild do more.
 """

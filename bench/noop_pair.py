@@ -9,7 +9,7 @@ test): for a big image and a checkout whose lock name or format differs, where b
 Each side was built before, without a docker archive (``envbuild build SPEC --store STORE
 --output OUT --no-docker-archive`` by that side's checkout, SPEC in a repository of that
 checkout's lock). The runs alternate; each is a fresh interpreter that times only
-``envbuild.build.pipeline.build`` (imports and spec loading excluded) and fails if it rebuilt a
+``envbuild.pipeline.core.build`` (imports and spec loading excluded) and fails if it rebuilt a
 layer.
 Prints the medians, ranges, their ratio, the digests and the load averages as JSON.
 """

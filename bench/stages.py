@@ -11,7 +11,7 @@ CLI does not print (not a test).
 ``$XDG_CACHE_HOME/envbuild/linkcheck`` is empty, warm when it holds an earlier check's facts.
 ``--redo layers`` forgets the layer derivations (kind ``layer``; their blobs stay), so every
 layer is installed and packed again, as in a cold build whose wheels are in the store.
-The wall time covers ``envbuild.build.pipeline.build`` only (imports and spec loading excluded).
+The wall time covers ``envbuild.pipeline.core.build`` only (imports and spec loading excluded).
 Prints
 JSON: the wall time, the stages, what was rebuilt, the image digest and the load average.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envbuild.build import pipeline as build  # noqa: E402
+from envbuild.pipeline import core as build  # noqa: E402
 from envbuild.spec import load_spec  # noqa: E402
 from envbuild.store.core import Store  # noqa: E402
 

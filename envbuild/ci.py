@@ -4,7 +4,7 @@ push it, and write a markdown summary.
 Each spec is taken on its own: a stale lock or a failed build is reported in the summary and in
 the exit code, and the other specs still run. The lock is checked before anything is built (a
 build from a stale lock would not be the image the spec describes). Pushing goes through
-:func:`envbuild.registry.push_image`, so the summary says how many of each image's blobs the
+:func:`envbuild.registry.core.push_image`, so the summary says how many of each image's blobs the
 registry already had. With a remote cache the store is a
 :class:`~envbuild.store.remote.CachedStore`:
 layers and source builds another machine made are pulled, not rebuilt.
@@ -20,7 +20,10 @@ from typing import Any, Protocol
 
 from envbuild.errors import EnvbuildError, ExitCode, UsageError
 from envbuild.oci import open_layout, verify_layout
-from envbuild.registry import Endpoint, ImageRef, Transport, get_transport, push_image
+from envbuild.registry.api import Endpoint
+from envbuild.registry.core import get_transport, push_image
+from envbuild.registry.ref import ImageRef
+from envbuild.registry.transport import Transport
 from envbuild.spec import LoadedSpec, load_spec
 from envbuild.store.core import Store
 
@@ -28,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class BuildOutput(Protocol):
-    """What the CI needs of a build's result (:class:`envbuild.build.pipeline.ImageBuild`)."""
+    """What the CI needs of a build's result (:class:`envbuild.pipeline.core.ImageBuild`)."""
 
     @property
     def output(self) -> Path | None: ...
@@ -42,14 +45,14 @@ BuildFn = Callable[[LoadedSpec, Store], BuildOutput]
 
 
 def default_build(loaded: LoadedSpec, store: Store) -> BuildOutput:
-    from envbuild.build.pipeline import build
+    from envbuild.pipeline.core import build
 
     return build(loaded, store=store)
 
 
 def default_check(loaded: LoadedSpec) -> list[str]:
     """What changed since the lock was written (empty: the lock is current)."""
-    from envbuild.lock import check_lock
+    from envbuild.lock.core import check_lock
 
     return [c.message for c in check_lock(loaded).changes]
 

@@ -13,12 +13,11 @@ Exit 1 is not an error: it means a command found a difference (a stale lock, a d
 
 from __future__ import annotations
 
-import re
-import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 
 class ExitCode:
@@ -32,7 +31,7 @@ class ExitCode:
 
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM, SIGHUP) stopped envbuild: its children were stopped with it
-    (:func:`envbuild.proc.stopping_on_signals`) and it exits with 128 + the signal's number
+    (:func:`envbuild.proc.core.stopping_on_signals`) and it exits with 128 + the signal's number
     (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process the signal
     killed. A KeyboardInterrupt, so that what undoes a half-done step on Ctrl-C runs for each."""
 
@@ -237,61 +236,6 @@ class RemovalRefused(EnvironmentFailure):
 #: What a failed command's own last lines say, and what that suggests (first match wins). A
 #: failure's hint follows from the failure, never from the tool's name: "install mmdebstrap"
 #: is for a mmdebstrap that is not there (ToolNotFound), not for one that ran and failed.
-TOOL_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(pattern, re.IGNORECASE), hint)
-    for pattern, hint in (
-        (
-            r"no space left on device|disk quota exceeded",
-            "free disk space where it writes (the store, $TMPDIR, /dev/shm), or point "
-            "ENVBUILD_STORE / TMPDIR elsewhere",
-        ),
-        (
-            r"Unable to locate package|has no installation candidate",
-            "a package of [base] packages is not in that suite and mirror: check its name",
-        ),
-        (
-            r"does not have a Release file|File not found - |404\s+Not Found|Failed to fetch",
-            "the mirror does not serve that suite: check [base] mirror and suite (a URL this "
-            "machine reaches, like http://deb.debian.org/debian)",
-        ),
-        (
-            r"Temporary failure resolving|Could not resolve|Name or service not known",
-            "a host name did not resolve: check the URL, DNS and the proxy (https_proxy)",
-        ),
-        (
-            r"certificate verify failed|SSL certificate problem|self[- ]signed certificate",
-            "TLS verification failed: point SSL_CERT_FILE at the CA bundle that signs the "
-            "server's (or the proxy's) certificate",
-        ),
-        (
-            r"Connection refused|Connection timed out|Network is unreachable|Failed to connect",
-            "the server did not answer: check the URL, the network and the proxy",
-        ),
-        (
-            r"\b401\b|\b403\b|unauthorized|authentication required",
-            "the server refused the credentials: check them (or log in) and rerun",
-        ),
-        (
-            r"Permission denied|Operation not permitted",
-            "it lacks a permission: run envbuild as root (mmdebstrap's root mode mounts), or "
-            "check the paths named above",
-        ),
-    )
-)
-
-
-def failure_hint(returncode: int, output: str) -> str | None:
-    """What a command's failure suggests, from its exit status and its last lines of output
-    (:data:`TOOL_FAILURES`); None when they suggest nothing (its own words are shown anyway)."""
-    if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else ""
-        cause = " (out of memory? see `dmesg`)" if returncode == -signal.SIGKILL else ""
-        return f"it was killed by signal {-returncode} {name}{cause}".rstrip()
-    for line in reversed(output.splitlines()):  # the last cause said is the nearest
-        for pattern, hint in TOOL_FAILURES:
-            if pattern.search(line):
-                return hint
-    return None
 
 
 class NoSpace(EnvironmentFailure):
@@ -418,3 +362,127 @@ class LinkFindings(UserError):
         if self.hint:
             out.append(f"hint: {self.hint}")
         return out
+
+
+class CacheDamaged(EnvironmentFailure):
+    """A cache entry broke between its check and its use (read it again: remove the folder)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"{path}: damaged link-check cache entry ({why})", hint=f"remove {path.parent}"
+        )
+
+
+PATCH_HINT = (
+    "regenerate the patch against the locked version of the distribution (paths relative to "
+    "site-packages, `diff -u a/... b/...`, applied with -p1)"
+)
+
+
+class PatchFailed(UserError):
+    """A patch does not apply. Names the patch file and, when ``patch`` said it, the hunk."""
+
+    def __init__(
+        self, patch: str, message: str, *, hunks: Sequence[str] = (), output: str = ""
+    ) -> None:
+        super().__init__(f"{patch}: {message}", hint=PATCH_HINT)
+        self.patch = patch
+        self.hunks = list(hunks)
+        self.output = output
+
+    def lines(self) -> list[str]:
+        out = [self.message, *("  " + h for h in self.hunks)]
+        if self.output.strip():
+            out.append("patch said:")
+            out.extend("  " + line for line in self.output.rstrip().splitlines()[-20:])
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class BuildFailed(ToolFailed):
+    """A source build failed; carries the log's tail. ``killed``: it ran out of memory."""
+
+
+class ArchMissing(UserError):
+    """The built wheel holds no code for a target GPU's compute capability."""
+
+
+class UnreadableFiles(UserError):
+    """Files of an environment that exist but cannot be read: the check cannot be complete."""
+
+
+class LayerError(UserError):
+    """A layer's content cannot be written as asked (a bad path, a device file, a duplicate)."""
+
+
+class _Pair(Protocol):
+    """What :class:`OverlapError` reads of an overlap (``envbuild.build.overlaps.Overlap``)."""
+
+    @property
+    def first(self) -> str: ...
+    @property
+    def second(self) -> str: ...
+    @property
+    def paths(self) -> Sequence[str]: ...
+
+
+class OverlapError(UserError):
+    """Two distributions write the same path and the spec does not say which one wins."""
+
+    def __init__(self, overlaps: Sequence[_Pair]) -> None:
+        first = overlaps[0]
+        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
+        super().__init__(
+            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
+            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
+            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
+            f'"{first.second}" (or the other way round)',
+        )
+        self.overlaps = list(overlaps)
+
+    def lines(self) -> list[str]:
+        """The error and every pair with (up to 40 of) its paths, for the CLI."""
+        out = [self.message]
+        for ov in self.overlaps:
+            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
+            out.extend(f"    {p}" for p in ov.paths[:40])
+            if len(ov.paths) > 40:
+                out.append(f"    … {len(ov.paths) - 40} more")
+        if self.hint:
+            out.append(f"hint: {self.hint}")
+        return out
+
+
+class UnsafeArchive(InputFileError):
+    """A base tarball tries to write outside its target, or holds what a layer cannot."""
+
+
+class StageError(EnvbuildError):
+    """One stage of the build failed: its message is the stage's name and the cause's (the
+    ``__cause__``: an envbuild error or an OSError), and the cause decides the exit code, the
+    hint, the problems and the kind ``--json`` names (an OSError: an environment failure)."""
+
+    def __init__(self, name: str, cause: EnvbuildError | OSError) -> None:
+        if isinstance(cause, EnvbuildError):
+            text, hint, code = cause.message, cause.hint, cause.exit_code
+        else:
+            text = f"{cause.strerror or cause} ({cause.filename or ''})"
+            hint, code = None, ExitCode.ENVIRONMENT
+        super().__init__(f"{name}: {text}", hint=hint)
+        self.stage, self.cause, self.exit_code = name, cause, code
+        if (problems := getattr(cause, "problems", None)) is not None:
+            self.problems = problems
+
+    @property
+    def kind(self) -> str:
+        """The cause's class name, as ``--json`` shows it (an OSError's: this one's)."""
+        return type(self.cause if isinstance(self.cause, EnvbuildError) else self).__name__
+
+    def lines(self) -> list[str]:
+        if not isinstance(self.cause, EnvbuildError):
+            return super().lines()
+        shown = self.cause.lines()
+        if shown and shown[0] == self.cause.message and not hasattr(self, "problems"):
+            return [self.message, *shown[1:]]
+        return shown  # located problems (a spec's) say where they are themselves

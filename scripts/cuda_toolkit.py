@@ -28,9 +28,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from envbuild import proc
-from envbuild.lock import lock_path, read_lock
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import Lock
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.requests import build_requests
 from envbuild.spec import load_spec
 from envbuild.spec.load import LoadedSpec

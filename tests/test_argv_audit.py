@@ -3,7 +3,7 @@
 envbuild runs as root: a spec value that a tool reads as an option (``--setup-hook=…`` given
 to mmdebstrap as a mirror) runs whatever the spec says. Two halves:
 
-- an inventory: every call of :func:`envbuild.proc.run` (and the other ways to start a
+- an inventory: every call of :func:`envbuild.proc.core.run` (and the other ways to start a
   process) in envbuild, found by reading the source, each listed below with the spec values
   that reach its argv. A new call site fails the test until it is listed (after checking its
   argv).
@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from support.mmdebstrap import need_mmdebstrap
 from support.outside_proc import OUTSIDE_PROC
 
-from envbuild import proc
 from envbuild.errors import ExitCode, SpecError
+from envbuild.proc import core as proc
 from envbuild.spec.load import LoadedSpec, load_spec
 
 ENVBUILD = Path(__file__).resolve().parent.parent / "envbuild"
@@ -59,8 +59,8 @@ INVENTORY: dict[str, tuple[int, str]] = {
     "build/install.py:install": (1, "python.version, python.platform as --opt="),
     "build/layers.py:_tool_version": (1, ""),
     "build/layers.py:_write": (1, ""),
-    "build/layers.py:open_uncompressed": (1, ""),
-    "linkcheck/__init__.py:demangle": (1, "symbol names, on stdin"),
+    "oci/compression.py:open_uncompressed": (1, ""),
+    "linkcheck/core.py:demangle": (1, "symbol names, on stdin"),
     "lock/resolve.py:_compile": (
         1,
         "python.version, python.platform, resolution.exclude_newer, index URLs as --opt= (a "

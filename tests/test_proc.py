@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import proc
 from envbuild.apply import venv
 from envbuild.errors import ToolFailed, ToolNotFound
+from envbuild.proc import core as proc
 
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
 

@@ -26,7 +26,7 @@ from support.mmdebstrap import need_mmdebstrap
 from support.mounts import Mounts, mounted_under, mounts  # noqa: F401
 from support.outside_proc import OUTSIDE_PROC
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 SPEC = DEBIAN_SPEC
 
@@ -257,7 +257,7 @@ def test_a_signal_while_the_snapshots_hashing_threads_work_drops_the_files_not_s
     """The main thread runs ``meanwhile`` while the threads hash: a SIGTERM there must not wait
     for every queued file (a model's 500 GB), only for the one under way."""
     from envbuild.errors import Interrupted
-    from envbuild.snapshot.hashing import run_jobs
+    from envbuild.installed.hashing import run_jobs
 
     ran: list[int] = []
 

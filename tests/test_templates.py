@@ -1,5 +1,5 @@
 """envbuild's templates render with one environment: every template in envbuild/templates is
-rendered by its module through :func:`envbuild.templates.environment`, no other module builds a
+rendered by its module through :func:`envbuild.templates.core.environment`, no other module builds a
 Jinja environment, and a variable a template is not given is an error."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import jinja2
 import pytest
 from conftest import REPO
 
-from envbuild import templates
 from envbuild.apply import unit as units
 from envbuild.apply.hostsetup import render_host_setup
-from envbuild.build.dockerfile import render_dockerfile
-from envbuild.build.pipeline import load_lock
+from envbuild.pipeline.core import load_lock
+from envbuild.pipeline.dockerfile import render_dockerfile
 from envbuild.spec import load_spec
+from envbuild.templates import core as templates
 
 SPECS = REPO / "specs"
 
@@ -93,6 +93,6 @@ def test_no_other_module_builds_a_jinja_environment() -> None:
             if name in {"Environment", "PackageLoader", "FileSystemLoader"}:
                 builders.append((str(path.relative_to(package)), name))
     assert builders == [
-        ("templates/__init__.py", "Environment"),
-        ("templates/__init__.py", "PackageLoader"),
+        ("templates/core.py", "Environment"),
+        ("templates/core.py", "PackageLoader"),
     ]

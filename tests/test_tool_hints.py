@@ -13,8 +13,8 @@ import pytest
 from conftest import CliResult
 from support.mmdebstrap import need_mmdebstrap
 
-from envbuild import proc
 from envbuild.errors import ToolFailed, ToolNotFound
+from envbuild.proc import core as proc
 
 SPEC = """\
 name = "s"

@@ -35,11 +35,13 @@ from envbuild.adopt import diffs, hostfacts, index, serving, specfile, wheelreco
 from envbuild.adopt.builds import Rebuild, recover
 from envbuild.adopt.report import Adopted, NotAdopted, PatchWritten, Pinned
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import WheelRef
 from envbuild.errors import UsageError
-from envbuild.snapshot import Options as SnapOptions
-from envbuild.snapshot import Snapshot, contents, take_snapshot
+from envbuild.lock.wheels import WheelRef
+from envbuild.snapshot import contents
+from envbuild.snapshot.core import Options as SnapOptions
+from envbuild.snapshot.core import take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
+from envbuild.snapshot.model import Snapshot
 from envbuild.snapshot.model.pyenv import Distribution, PythonEnv
 from envbuild.snapshot.model.services import HfCacheSection
 from envbuild.snapshot.nvml import Nvml

@@ -3,7 +3,7 @@
 Input: an index's simple URL (PyPI's, or the one the user names) and a distribution's name and
 version. Output: the :class:`Published` files of that version, each with its URL, size, sha256
 and upload time, read from the project page in its PEP 691 JSON form (PEP 700 sizes and upload
-times). Pages are fetched through :func:`envbuild.build.fetch.open_url` (envbuild's User-Agent,
+times). Pages are fetched through :func:`envbuild.lock.index.open_url` (envbuild's User-Agent,
 ``$SSL_CERT_FILE``), a few at a time.
 """
 
@@ -26,8 +26,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from envbuild.build.fetch import open_url
 from envbuild.errors import EnvironmentFailure
+from envbuild.lock.index import open_url
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 PYPI = "https://pypi.org/simple"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc
 from envbuild.apply.servecheck import PROBE, TIMEOUT
 from envbuild.errors import EnvironmentFailure
+from envbuild.proc import core as proc
 from envbuild.snapshot.model import REDACTED
 from envbuild.snapshot.model.services import HfCacheSection
 from envbuild.spec import knowledge, serveflags

@@ -2,7 +2,7 @@
 
 Input: the tables the other stages found. Output: ``specs/<name>.toml`` (validated by
 :func:`envbuild.spec.validate.validate` before it takes its place), ``patches/<name>/<dist>.patch``
-and the lock (:func:`envbuild.lock.lock_spec`, envbuild's own lock stage: uv resolves the pins
+and the lock (:func:`envbuild.lock.core.lock_spec`, envbuild's own lock stage: uv resolves the pins
 against the index). Nothing else is written. A spec that does not validate (the environment does
 not fit together by the knowledge base: a GGUF model without the plugin, say) is written but not
 locked, and its problems (file, line, key, fix) are the error; patch files of an earlier adopt of
@@ -21,7 +21,7 @@ import tomli_w
 
 from envbuild.errors import EnvironmentFailure, InputFileError, UsageError
 from envbuild.fsio import write_atomic
-from envbuild.lock import LockResult, lock_path, lock_spec
+from envbuild.lock.core import LockResult, lock_path, lock_spec
 from envbuild.snapshot import systemd
 from envbuild.snapshot.redact import Redactor
 from envbuild.spec.validate import validate

@@ -32,12 +32,13 @@ import tomli_w
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
 
-from envbuild import proc
 from envbuild.apply import venv as venvs
 from envbuild.apply.listing import ancestors, folders, listing, shown
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.fsio import record_digest, sha256_file
-from envbuild.snapshot import hashing, records
+from envbuild.installed import hashing
+from envbuild.proc import core as proc
+from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
 from envbuild.store.core import Store, derivation_key
 from envbuild.store.trees import TreeManifest, TreeOf, Trees, copy_into, tree_key

@@ -4,9 +4,9 @@ never runs it."""
 
 from __future__ import annotations
 
-from envbuild import templates
 from envbuild.errors import UserError
 from envbuild.spec.load import LoadedSpec
+from envbuild.templates import core as templates
 
 #: The open kernel modules: required on Blackwell and Grace Hopper, recommended from Turing on.
 DRIVER_PACKAGE = "nvidia-open"

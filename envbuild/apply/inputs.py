@@ -13,8 +13,9 @@ from envbuild.apply.generations import Generation, list_generations
 from envbuild.apply.paths import Paths
 from envbuild.errors import EnvbuildError, InputFileError, ManifestError, UserError
 from envbuild.fsio import sha256_bytes
-from envbuild.lock import Lock, find_lock
-from envbuild.lock import loads as parse_lock
+from envbuild.lock.core import find_lock
+from envbuild.lock.io import loads as parse_lock
+from envbuild.lock.model import Lock
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.spec.model import Spec
 
@@ -108,7 +109,7 @@ def from_snapshot(path: Path, paths: Paths) -> ApplyInput:
     """The spec and lock a snapshot names, found by their digests: first among this machine's
     generations (which keep copies), then at the paths the snapshot records (relative to the
     current directory, where the repository is)."""
-    from envbuild.snapshot import load_snapshot
+    from envbuild.snapshot.model import load_snapshot
 
     snap = load_snapshot(path)
     ref = snap.spec

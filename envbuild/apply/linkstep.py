@@ -12,14 +12,14 @@ from envbuild.errors import LinkFindings
 from envbuild.spec.model import Spec
 
 if TYPE_CHECKING:
-    from envbuild.linkcheck import Report
+    from envbuild.linkcheck.core import Report
 
 
 def link_report(target: gens.Generation, spec: Spec) -> Report:
-    """The link check over a generation's venv (envbuild.linkcheck.Report), cached per file:
+    """The link check over a generation's venv (envbuild.linkcheck.core.Report), cached per file:
     a generation checked before costs a stat per file, and a file that is still its install
     tree's inode is known by the sha256 the tree's manifest has (no file is hashed again)."""
-    from envbuild import linkcheck
+    from envbuild.linkcheck import core as linkcheck
 
     digests = shared.tree_digests(target)
     return linkcheck.check_folder(

@@ -23,7 +23,7 @@ from envbuild.spec.model import Spec
 
 @dataclass(frozen=True)
 class LinkResult:
-    """What the link check said of a generation's venv (envbuild.linkcheck.Report, reduced)."""
+    """What the link check said of a generation's venv (envbuild.linkcheck.core.Report, reduced)."""
 
     generation: int
     checked: int  # ELF files looked at

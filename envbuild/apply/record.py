@@ -12,7 +12,7 @@ from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.probe import SystemProbe
 from envbuild.apply.services import Systemctl
 from envbuild.fsio import canonical_json, write_atomic
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.model import SpecRef
 
 log = logging.getLogger(__name__)

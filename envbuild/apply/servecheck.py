@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envbuild import proc
 from envbuild.apply.generations import Generation
 from envbuild.apply.venv import INSTALL_LOCK
 from envbuild.errors import EnvbuildError, EnvironmentFailure
 from envbuild.fsio import compact_json, sha256_file
+from envbuild.proc import core as proc
 from envbuild.store.core import Store, derivation_key
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure, ToolFailed
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 

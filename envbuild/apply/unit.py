@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import templates
 from envbuild.apply.modelcache import repo_folder
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.spec.knowledge import secret_args
 from envbuild.spec.model import SECRET_REF, Spec
+from envbuild.templates import core as templates
 
 _SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}

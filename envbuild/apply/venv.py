@@ -22,9 +22,9 @@ import tomli_w
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure, UserError
 from envbuild.lock.model import Lock
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ from envbuild import progress
 from envbuild.build import layers
 from envbuild.build.manifest import BaseResult
 from envbuild.fsio import canonical_json
-from envbuild.lock import Lock
-from envbuild.lock.model import DebianBaseLock
+from envbuild.lock.model import DebianBaseLock, Lock
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 

@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from envbuild.errors import InputFileError, UserError
+from envbuild.errors import InputFileError, LayerError
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ class Kind(StrEnum):
     DIR = "dir"
     SYMLINK = "symlink"
     HARDLINK = "hardlink"
-
-
-class LayerError(UserError):
-    """A layer's content cannot be written as asked (a bad path, a device file, a duplicate)."""
 
 
 Opener = Callable[[], IO[bytes]]

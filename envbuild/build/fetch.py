@@ -10,8 +10,6 @@ way at their next chunk.
 from __future__ import annotations
 
 import logging
-import os
-import ssl
 import threading
 import time
 import urllib.error
@@ -20,11 +18,11 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from envbuild import __version__, progress
-from envbuild.build.install import WheelRef
+from envbuild import progress
 from envbuild.errors import EnvironmentFailure, IntegrityError
+from envbuild.lock.index import open_url
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
@@ -125,21 +123,6 @@ class _Transient(Exception):
 
 def _host(url: str) -> str:
     return urllib.parse.urlparse(url).netloc or url
-
-
-def _context() -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
-
-
-def open_url(url: str, *, timeout: float = 60, accept: str | None = None) -> Any:
-    """A response for ``url`` as envbuild asks for files of an index: its User-Agent, and TLS
-    that trusts ``$SSL_CERT_FILE`` (a proxy's CA) when set; ``accept``: the Accept header (an
-    index page's PEP 691 JSON form). Raises what ``urlopen`` raises."""
-    headers = {"User-Agent": f"envbuild/{__version__}"}
-    if accept:
-        headers["Accept"] = accept
-    request = urllib.request.Request(url, headers=headers)
-    return urllib.request.urlopen(request, timeout=timeout, context=_context())
 
 
 def _download(

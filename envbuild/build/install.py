@@ -26,9 +26,12 @@ from pathlib import Path, PurePosixPath
 
 from packaging.utils import canonicalize_name
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import IntegrityError, ToolFailed
 from envbuild.fsio import record_digest
+from envbuild.installed.venv import VenvTarget
+from envbuild.lock.wheels import WheelRef
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 
@@ -37,71 +40,6 @@ INSTALL_FORMAT = 1
 #: Bumped whenever the venv layer (pyvenv.cfg, bin/python*) would change: 2 dropped the
 #: ``command = … -m venv`` line of pyvenv.cfg, which claimed a tool that never ran.
 VENV_FORMAT = 2
-
-
-@dataclass(frozen=True, order=True)
-class WheelRef:
-    """One locked wheel: what to install and how to check it."""
-
-    name: str
-    version: str
-    filename: str
-    url: str
-    sha256: str
-    size: int
-
-    @property
-    def canonical(self) -> str:
-        return canonicalize_name(self.name)
-
-    def key(self) -> dict[str, object]:
-        return {
-            "name": self.canonical,
-            "version": self.version,
-            "filename": self.filename,
-            "sha256": self.sha256,
-            "size": self.size,
-        }
-
-
-@dataclass(frozen=True)
-class VenvTarget:
-    """Where the venv lives in the image and which interpreter runs it."""
-
-    venv: str = "/opt/venv"
-    interpreter: str = "/usr/bin/python3"
-    python_version: str = "3.11"
-    platform: str | None = None  # a wheel platform tag: manylinux_2_36_x86_64
-
-    @property
-    def rel(self) -> PurePosixPath:
-        return PurePosixPath(self.venv.lstrip("/"))
-
-    @property
-    def site_packages(self) -> str:
-        return f"lib/python{self.python_version}/site-packages"
-
-    @property
-    def python(self) -> str:
-        """The venv's own interpreter, as shebangs name it."""
-        return f"{self.venv.rstrip('/')}/bin/python"
-
-    def uv_platform(self) -> str | None:
-        if not self.platform:
-            return None
-        tag = self.platform
-        for arch in ("x86_64", "aarch64"):
-            if tag.endswith("_" + arch):
-                return f"{arch}-{tag.removesuffix('_' + arch)}"
-        return tag
-
-    def key(self) -> dict[str, object]:
-        return {
-            "venv": self.venv,
-            "interpreter": self.interpreter,
-            "python_version": self.python_version,
-            "platform": self.platform,
-        }
 
 
 # --- installing -------------------------------------------------------------------------------

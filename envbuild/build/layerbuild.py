@@ -26,12 +26,14 @@ from envbuild import progress, scratch
 from envbuild.build import layers
 from envbuild.build.entries import Kind, tree_entries
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import VenvTarget, WheelRef, install, write_venv
+from envbuild.build.install import install, write_venv
 from envbuild.build.manifest import BuiltLayer
 from envbuild.build.plan import PlanLayer
-from envbuild.linkcheck import Cache, default_cache
+from envbuild.installed.venv import VenvTarget
+from envbuild.linkcheck.reader import Cache, default_cache
 from envbuild.linkcheck.staging import record_staged
 from envbuild.linkcheck.wheels import Wheel
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

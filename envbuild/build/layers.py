@@ -18,23 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gzip
 import hashlib
 import logging
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
-from typing import IO
 
 from pydantic import BaseModel, ConfigDict
 
-from envbuild import oci, proc
-from envbuild.build.entries import Entry, LayerError, arrange
+from envbuild.build.entries import Entry, arrange
 from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar
-from envbuild.errors import UserError
+from envbuild.errors import LayerError, UserError
 from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
+from envbuild.oci.compression import MEDIA_TYPES
+from envbuild.proc import core as proc
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)
@@ -43,11 +41,6 @@ log = logging.getLogger(__name__)
 BUFFERS = 4
 
 
-MEDIA_TYPES = {
-    Compression.ZSTD: "application/vnd.oci.image.layer.v1.tar+zstd",
-    Compression.GZIP: "application/vnd.oci.image.layer.v1.tar+gzip",
-    Compression.NONE: "application/vnd.oci.image.layer.v1.tar",
-}
 DEFAULT_LEVEL = {Compression.ZSTD: 3, Compression.GZIP: 6, Compression.NONE: 0}
 
 
@@ -70,7 +63,7 @@ class Layer(BaseModel):
 
 def source_date_epoch() -> int | None:
     """``$SOURCE_DATE_EPOCH`` (the reproducible-builds convention), None when unset. A build
-    reads it once, into its plan (:func:`envbuild.build.planner.make_plan`), and its stages
+    reads it once, into its plan (:func:`envbuild.pipeline.planner.make_plan`), and its stages
     take it from there."""
     value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
     if not value:
@@ -232,28 +225,3 @@ def write_layer(
     arranged = arrange(entries)
     level = DEFAULT_LEVEL[compression] if level is None else level
     return _write(store, compression, level, lambda s: write_tar(arranged, s, mtime, progress))
-
-
-def compression_of(media_type: str) -> Compression:
-    """The compression a layer media type (OCI or Docker) names (one definition:
-    :func:`envbuild.oci.layer_compression`)."""
-    named = oci.layer_compression(media_type)
-    if named is None:
-        raise UserError(f"unsupported layer media type {media_type!r}")
-    return Compression(named)
-
-
-@contextlib.contextmanager
-def open_uncompressed(path: Path, media_type: str) -> Iterator[IO[bytes]]:
-    """The uncompressed tar stream of a layer blob, read sequentially."""
-    compression = compression_of(media_type)
-    if compression is Compression.ZSTD:
-        argv = ["zstd", "-d", "-c", "-q", "--no-progress", str(path)]
-        with proc.reading(argv, tool="zstd", hint=_install_hint("zstd")) as f:
-            yield f
-    elif compression is Compression.GZIP:
-        with gzip.open(path, "rb") as g:
-            yield g  # type: ignore[misc]
-    else:
-        with path.open("rb") as f:
-            yield f

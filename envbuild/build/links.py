@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import logging
 
-from envbuild import linkcheck, progress
+from envbuild import progress
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.layerbuild import LayerInputs
 from envbuild.build.manifest import BaseResult
 from envbuild.build.plan import Plan
 from envbuild.errors import LinkFindings
 from envbuild.fsio import canonical_json
+from envbuild.linkcheck import core as linkcheck
 from envbuild.linkcheck.wheels import Wheel, check_image
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output

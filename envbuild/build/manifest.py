@@ -83,12 +83,6 @@ class SourceBuildRecord(_Model):
     )
     target_ccs: list[str] = Field(default_factory=list)
 
-    def audit_sass(self) -> list[str]:
-        """The SASS archs the audit found in the built wheel."""
-        from envbuild.sourcebuild.audit import Audit
-
-        return Audit.model_validate(self.audit).sass
-
 
 class PatchRecord(_Model):
     """One patched distribution the image holds."""

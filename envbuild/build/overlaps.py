@@ -17,10 +17,12 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
-from envbuild.build.wheelpaths import wheel_files
-from envbuild.errors import UserError
+from envbuild.build.install import INSTALL_FORMAT
+from envbuild.errors import OverlapError
 from envbuild.fsio import canonical_json
+from envbuild.installed.venv import VenvTarget
+from envbuild.installed.wheelpaths import wheel_files
+from envbuild.lock.wheels import WheelRef
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Output, Store
 
@@ -43,33 +45,6 @@ class Overlap:
             "paths": list(self.paths),
             "winner": self.winner,
         }
-
-
-class OverlapError(UserError):
-    """Two distributions write the same path and the spec does not say which one wins."""
-
-    def __init__(self, overlaps: Sequence[Overlap]) -> None:
-        first = overlaps[0]
-        more = f" (and {len(overlaps) - 1} more pairs)" if len(overlaps) > 1 else ""
-        super().__init__(
-            f"{first.first} and {first.second} both install {len(first.paths)} path(s), "
-            f"e.g. {first.paths[0]}{more}; install order would decide which one the image gets",
-            hint=f'say which one wins in the spec: [image.overlaps] "{first.first}" = '
-            f'"{first.second}" (or the other way round)',
-        )
-        self.overlaps = list(overlaps)
-
-    def lines(self) -> list[str]:
-        """The error and every pair with (up to 40 of) its paths, for the CLI."""
-        out = [self.message]
-        for ov in self.overlaps:
-            out.append(f"  {ov.first} <-> {ov.second}: {len(ov.paths)} path(s)")
-            out.extend(f"    {p}" for p in ov.paths[:40])
-            if len(ov.paths) > 40:
-                out.append(f"    … {len(ov.paths) - 40} more")
-        if self.hint:
-            out.append(f"hint: {self.hint}")
-        return out
 
 
 def find_overlaps(files: Mapping[str, Mapping[str, str]]) -> list[Overlap]:

@@ -12,8 +12,8 @@ own, so two images share it; the small ones in ``groups`` buckets chosen by a ha
 package bumped or added moves no other package); vLLM, patched and source-built distributions on
 top. The whole stays within the spec's layer budget (``[image] max_layers``, default 60).
 
-The wheels are chosen by :mod:`envbuild.build.wheels`, the image config by
-:mod:`envbuild.build.config`; :func:`envbuild.build.planner.make_plan` puts a plan together.
+The wheels are chosen by :mod:`envbuild.lock.wheels`, the image config by
+:mod:`envbuild.build.config`; :func:`envbuild.pipeline.planner.make_plan` puts a plan together.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Any, Literal
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild.build.install import INSTALL_FORMAT, VENV_FORMAT, VenvTarget, WheelRef
+from envbuild.build.install import INSTALL_FORMAT, VENV_FORMAT
 from envbuild.errors import UserError
+from envbuild.installed.venv import VenvTarget
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import derivation_key
 
 log = logging.getLogger(__name__)

@@ -30,13 +30,13 @@ from typing import Any
 from envbuild import __version__, oci
 from envbuild.build import image, ocilayout
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import WheelRef
 from envbuild.build.manifest import BuildManifest
 from envbuild.build.outputs import SBOM_FILE, Sbom
 from envbuild.build.plan import Plan
 from envbuild.errors import InputFileError, IntegrityError, ManifestError
 from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
 from envbuild.lock.model import DebianBaseLock, Lock
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

@@ -13,37 +13,7 @@ from typing import Any
 
 from envbuild.build.layerbuild import LayerInputs
 from envbuild.build.manifest import BaseResult, BuildManifest, BuiltLayer
-from envbuild.errors import EnvbuildError, ExitCode
-
-
-class StageError(EnvbuildError):
-    """One stage of the build failed: its message is the stage's name and the cause's (the
-    ``__cause__``: an envbuild error or an OSError), and the cause decides the exit code, the
-    hint, the problems and the kind ``--json`` names (an OSError: an environment failure)."""
-
-    def __init__(self, name: str, cause: EnvbuildError | OSError) -> None:
-        if isinstance(cause, EnvbuildError):
-            text, hint, code = cause.message, cause.hint, cause.exit_code
-        else:
-            text = f"{cause.strerror or cause} ({cause.filename or ''})"
-            hint, code = None, ExitCode.ENVIRONMENT
-        super().__init__(f"{name}: {text}", hint=hint)
-        self.stage, self.cause, self.exit_code = name, cause, code
-        if (problems := getattr(cause, "problems", None)) is not None:
-            self.problems = problems
-
-    @property
-    def kind(self) -> str:
-        """The cause's class name, as ``--json`` shows it (an OSError's: this one's)."""
-        return type(self.cause if isinstance(self.cause, EnvbuildError) else self).__name__
-
-    def lines(self) -> list[str]:
-        if not isinstance(self.cause, EnvbuildError):
-            return super().lines()
-        shown = self.cause.lines()
-        if shown and shown[0] == self.cause.message and not hasattr(self, "problems"):
-            return [self.message, *shown[1:]]
-        return shown  # located problems (a spec's) say where they are themselves
+from envbuild.errors import EnvbuildError, StageError
 
 
 @contextlib.contextmanager

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild.build.entries import Entry, Kind, LayerError
-from envbuild.errors import InputFileError
+from envbuild.build.entries import Entry, Kind
+from envbuild.errors import InputFileError, LayerError
 
 log = logging.getLogger(__name__)
 

@@ -102,7 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet = args.quiet or (as_json and command in QUIET_UNDER_JSON and not args.verbose)
     handler = render.setup_logging(args.verbose, quiet)
     render.reset_json()
-    from envbuild import proc  # here: `envbuild --version` and a usage error need no subprocess
+    from envbuild.proc import (
+        core as proc,  # here: `envbuild --version` and a usage error need no subprocess
+    )
 
     try:
         with proc.stopping_on_signals():  # SIGTERM/SIGINT/SIGHUP stop the children, then envbuild

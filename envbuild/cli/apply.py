@@ -19,7 +19,8 @@ from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
-from envbuild.registry import get_transport, parse_ref, parse_repo
+from envbuild.registry.core import get_transport
+from envbuild.registry.ref import parse_ref, parse_repo
 from envbuild.store.remote import CachedStore, CacheStats
 
 
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     show = None if args.json else _show_preflight
     show_recovered = None if args.json else show_recovery
     # SIGTERM undoes a half-done switch like Ctrl-C does: both raise a KeyboardInterrupt
-    # (envbuild.errors.Interrupted, from the CLI's envbuild.proc.stopping_on_signals)
+    # (envbuild.errors.Interrupted, from the CLI's envbuild.proc.core.stopping_on_signals)
     outcome = apply(inp, host, options, on_preflight=show, on_recovered=show_recovered)
     stats = _cache_stats(host)
     if args.json:

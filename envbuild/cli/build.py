@@ -21,8 +21,8 @@ from envbuild.oci import COMPRESSION, Compression
 from envbuild.progress import NULL, Progress, Task, reporting
 
 if TYPE_CHECKING:
-    from envbuild.build.pipeline import ImageBuild
     from envbuild.build.plan import Plan
+    from envbuild.pipeline.core import ImageBuild
 
 DEFAULT_SPEC = "specs/quickstart.toml"
 
@@ -100,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
             return _up_to_date(args, done, time.perf_counter() - start)
     # the build's stages are imported here: a no-op rebuild that can tell it is one from a stat
     # of the output folder and its inputs (envbuild.build.noop) needs none of them
-    from envbuild.build.pipeline import BuilderOptions, build
     from envbuild.cli.engineopts import docker_engine
+    from envbuild.pipeline.core import BuilderOptions, build
     from envbuild.registry import compat as engines
-    from envbuild.registry import get_transport
+    from envbuild.registry.core import get_transport
     from envbuild.spec import load_spec
     from envbuild.store.core import Store, default_store
     from envbuild.store.remote import CachedStore

@@ -8,7 +8,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from envbuild.registry import Endpoint, Transport
+    from envbuild.registry.api import Endpoint
+    from envbuild.registry.transport import Transport
     from envbuild.store.core import Store
 
 
@@ -34,7 +35,7 @@ def store_with_cache(
     if not args.cache:
         return store
     from envbuild.cli.engineopts import docker_engine
-    from envbuild.registry import parse_repo
+    from envbuild.registry.ref import parse_repo
     from envbuild.store.remote import CachedStore, RemoteCache
 
     remote = RemoteCache(

@@ -14,7 +14,8 @@ from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.fsio import write_atomic
 from envbuild.registry import compat as engines
-from envbuild.registry import get_transport, parse_repo
+from envbuild.registry.core import get_transport
+from envbuild.registry.ref import parse_repo
 from envbuild.spec.load import LoadedSpec, find_root
 from envbuild.store.core import Store, default_store
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     engine = docker_engine()
     transport = get_transport(args.transport, engine) if (push or args.cache) else None
     store = store_with_cache(store, args, endpoint, transport)
-    from envbuild.build.pipeline import BuilderOptions, build
+    from envbuild.pipeline.core import BuilderOptions, build
 
     builder = BuilderOptions(mode=args.builder, network=args.builder_network, engine=engine)
 

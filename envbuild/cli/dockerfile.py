@@ -6,9 +6,9 @@ import argparse
 import logging
 from pathlib import Path
 
-from envbuild.build.dockerfile import CA_DIR, WHEELS_DIR, make_dockerfile
 from envbuild.cli import render
 from envbuild.errors import ExitCode
+from envbuild.pipeline.dockerfile import CA_DIR, WHEELS_DIR, make_dockerfile
 from envbuild.spec import load_spec
 from envbuild.store.core import Store, default_store
 

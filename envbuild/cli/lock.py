@@ -1,6 +1,6 @@
 """`envbuild lock SPEC... [--check]`: resolve specs into lockfiles, or check they are current.
 
-A Debian base is pinned too (mmdebstrap, through :class:`envbuild.lock.BasePinner`): by default
+A Debian base is pinned too (mmdebstrap, through :class:`envbuild.lock.core.BasePinner`): by default
 its package set is reused from the existing lock while the spec's [base] and cutoff are
 unchanged and resolved otherwise; ``--refresh-base`` always resolves it, ``--python-only``
 never does.
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from envbuild.cli import render
 from envbuild.errors import ExitCode, UsageError
-from envbuild.lock import BaseMode, BasePinner, check_lock, lock_spec
+from envbuild.lock.core import check_lock, lock_spec
+from envbuild.lock.pin import BaseMode, BasePinner
 from envbuild.spec.validate import validate
 from envbuild.store.core import Store
 
@@ -95,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         if args.python_only
         else BaseMode.PIN
     )
-    pinner = BasePinner(mode, Store(args.store) if args.store else None)
+    from envbuild.build.base import resolve_debian  # mmdebstrap's driver: only when locking
+
+    store = Store(args.store) if args.store else None
+    pinner = BasePinner(mode, store, None if mode is BaseMode.KEEP else resolve_debian)
     results = []
     for spec in args.specs:
         loaded = validate(spec).loaded
@@ -112,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from envbuild.build.dockerfile import export_wheels
+    from envbuild.pipeline.dockerfile import export_wheels
     from envbuild.store.core import default_store
 
     if len(args.specs) > 1 or args.check or args.output is not None:

@@ -10,7 +10,8 @@ from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.registry import get_transport, parse_ref, pull
+from envbuild.registry.core import get_transport, pull
+from envbuild.registry.ref import parse_ref
 
 
 def register(p: argparse.ArgumentParser) -> None:

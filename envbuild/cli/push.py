@@ -10,8 +10,9 @@ from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.registry import PushResult, get_transport, parse_ref, push
 from envbuild.registry import compat as engines
+from envbuild.registry.core import PushResult, get_transport, push
+from envbuild.registry.ref import parse_ref
 
 
 def describe_push(result: PushResult) -> list[str]:

@@ -1,5 +1,5 @@
 """The options of every command that talks to a registry (``--insecure``, ``--cert-dir``,
-``--transport``) and the :class:`~envbuild.registry.Endpoint` they make. Light: a command's
+``--transport``) and the :class:`~envbuild.registry.core.Endpoint` they make. Light: a command's
 parser is made before its core is imported."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from envbuild.registry import Endpoint
+    from envbuild.registry.api import Endpoint
 
 
 def add_registry_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,6 @@ def add_registry_args(p: argparse.ArgumentParser) -> None:
 
 
 def endpoint_from_args(args: argparse.Namespace) -> Endpoint:
-    from envbuild.registry import Endpoint
+    from envbuild.registry.api import Endpoint
 
     return Endpoint(insecure=args.insecure, cert_dir=args.cert_dir)

@@ -9,7 +9,8 @@ from envbuild.cli import render
 from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 from envbuild.fsio import canonical_json, write_atomic
-from envbuild.snapshot import Options, Snapshot, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
+from envbuild.snapshot.model import Snapshot
 from envbuild.snapshot.systemd import DEFAULT_PATTERN
 
 

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.pipeline import BuilderOptions, source_builder
 from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.engineopts import docker_engine
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode, UsageError
+from envbuild.pipeline.core import BuilderOptions, source_builder
 from envbuild.sourcebuild.stored import (
     STATE_TEXT,
     add_wheel_for_spec,

@@ -11,7 +11,7 @@ computed, and remembered with the file's size, mtime and inode, so an unchanged 
 hashed again either. A cache entry that cannot be read (a crash while writing, a disk error, a
 hand edit) is a miss: the file is read again and the entry rewritten.
 
-The reading runs in the snapshot's worker pool (:func:`envbuild.snapshot.hashing.run_jobs`),
+The reading runs in the snapshot's worker pool (:func:`envbuild.installed.hashing.run_jobs`),
 biggest files first.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild.errors import EnvironmentFailure
+from envbuild.errors import CacheDamaged
 from envbuild.linkcheck.facts import ElfInfo
 
 log = logging.getLogger(__name__)
@@ -139,15 +139,6 @@ class Cache:
             _write(self.root / "stat" / f"{key}.json", json.dumps(stats, sort_keys=True).encode())
 
 
-class CacheDamaged(EnvironmentFailure):
-    """A cache entry broke between its check and its use (read it again: remove the folder)."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        super().__init__(
-            f"{path}: damaged link-check cache entry ({why})", hint=f"remove {path.parent}"
-        )
-
-
 def _doc_digest(body: Any) -> str:
     return hashlib.sha256(
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -256,7 +247,7 @@ def read_all(
         if tree_key and stats != {k: v for k, v in known.items() if k in stats}:
             cache.put_stats(tree_key, stats)
         return Read(elf, unreadable, hits, 0)
-    from envbuild.snapshot import hashing  # the worker pool (and pyelftools): cold only
+    from envbuild.installed import hashing
 
     todo.sort(key=lambda item: -item[2])  # costliest first
     workers = workers or hashing.DEFAULT_WORKERS or os.cpu_count() or 1

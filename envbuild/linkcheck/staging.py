@@ -31,7 +31,7 @@ from pathlib import Path
 
 from isal import isal_zlib
 
-from envbuild.build.install import VenvTarget
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.facts import ElfInfo
 from envbuild.linkcheck.reader import Cache
 from envbuild.linkcheck.wheels import Wheel, map_key, member_key, wheel_members

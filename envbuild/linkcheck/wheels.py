@@ -2,7 +2,7 @@
 
 A build never has the whole environment on disk at once (each layer is installed into its own
 staging root and packed), but every path a wheel installs is known from the wheel
-(:func:`envbuild.build.wheelpaths.member_path`), and every path of the base from its layers' tar
+(:func:`envbuild.installed.wheelpaths.member_path`), and every path of the base from its layers' tar
 listings. So the check reads the wheels' ELF members — inflated in memory
 (:mod:`.zipread`) and parsed in the worker pool, only when the cache does not know them; nothing
 is written to disk but a member that is not a readable ELF file — and the names in the base's
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.install import VenvTarget
-from envbuild.build.layers import open_uncompressed
-from envbuild.build.wheelpaths import member_path
 from envbuild.errors import InputFileError
-from envbuild.linkcheck import SYSTEM_DIRS, Report, check_entries
+from envbuild.installed.venv import VenvTarget
+from envbuild.installed.wheelpaths import member_path
+from envbuild.linkcheck.core import SYSTEM_DIRS, Report, check_entries
 from envbuild.linkcheck.facts import ElfInfo
 from envbuild.linkcheck.reader import Cache
+from envbuild.oci.compression import open_uncompressed
 
 #: Listing a base layer stops after this many members (a bound on a hostile layer).
 MAX_MEMBERS = 2_000_000
@@ -151,7 +151,7 @@ def wheel_entries(
     leaves: Mapping[str, frozenset[str]] | None = None,
     meanwhile: Callable[[], object] | None = None,
 ) -> tuple[dict[str, tuple[str | None, str | None]], set[str], dict[str, tuple[str, str]]]:
-    """The entries for :func:`~envbuild.linkcheck.check_entries`: each wheel's members that may
+    """The entries for :func:`~envbuild.linkcheck.core.check_entries`: each wheel's members that may
     be ELF, by their path in the image (each with its cache key); the others' paths; and the
     owners. ``leaves`` are the paths (relative to the venv) a distribution's layer leaves out
     (it lost an overlap). A wheel whose sha256 is known has its member map kept in ``cache``
@@ -287,7 +287,7 @@ def _read_members(
     it by its key (:func:`member_key`, or its sha256 when the wheel's is not known). A member
     that is not a readable ELF file is written under ``work`` for the check to report as it
     reports such a file on disk. ``meanwhile`` runs in this process while the workers read."""
-    from envbuild.snapshot import hashing
+    from envbuild.installed import hashing
 
     jobs = _jobs(pending, sizes or {})
     if not jobs:

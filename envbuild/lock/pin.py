@@ -17,27 +17,32 @@ mode        a Debian base's entry
 =========== ================================================================================
 
 ``envbuild lock`` uses ``pin`` (``--refresh-base``: ``refresh``; ``--python-only``: ``keep``);
-:func:`envbuild.lock.lock_spec` called from Python defaults to ``keep``. The other kinds of base
-(image, OCI layout, rootfs tarball) are pinned by the spec itself and never resolved here.
+:func:`envbuild.lock.core.lock_spec` called from Python defaults to ``keep``. The other kinds of
+base (image, OCI layout, rootfs tarball) are pinned by the spec itself and never resolved here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from envbuild.lock.base import debian_request, lock_base
 from envbuild.lock.model import BaseLock, DebianBaseLock, Lock
 from envbuild.spec.load import LoadedSpec
-from envbuild.store.core import Store
+from envbuild.store.core import Store, default_store
 
 log = logging.getLogger(__name__)
 
 Source = Literal["spec", "given", "reused", "resolved", "unpinned"]
+
+#: Resolves a Debian base's package set into the store (the build's base stage runs mmdebstrap:
+#: ``envbuild.build.base.resolve_debian``). The lock stage sits below the build, so the caller
+#: passes it in.
+DebianResolver = Callable[[Store, Any], DebianBaseLock]
 
 
 class BaseMode(StrEnum):
@@ -62,9 +67,15 @@ class BasePinner:
 
     mode: BaseMode = BaseMode.KEEP
     store: Store | None = None  # keeps the resolving run's rootfs; default: default_store()
+    #: needed unless the mode is ``keep`` (which never resolves)
+    resolver: DebianResolver | None = None
     _resolved: dict[tuple[str, str, str, tuple[str, ...]], DebianBaseLock] = field(
         default_factory=dict, repr=False
     )
+
+    def __post_init__(self) -> None:
+        if self.mode is not BaseMode.KEEP and self.resolver is None:
+            raise ValueError(f"BasePinner(mode={self.mode.value!r}) resolves: pass resolver=")
 
     def pin(
         self, loaded: LoadedSpec, exclude_newer: datetime, previous: Sequence[Lock]
@@ -110,13 +121,7 @@ class BasePinner:
         return PinnedBase(self._resolved[request], "resolved")
 
     def _resolve(self, loaded: LoadedSpec, want: DebianBaseLock) -> DebianBaseLock:
-        # lazily: envbuild.build.base imports envbuild.lock, and a relock that reuses needs none of
-        # it
-        from envbuild import proc
-        from envbuild.build.base import debian, resolve_debian
-        from envbuild.store.core import default_store
-
-        proc.which("mmdebstrap", hint=debian.HINT)
+        assert self.resolver is not None  # __post_init__: only ``keep`` comes without one
         store = self.store if self.store is not None else default_store()
         log.info(
             "%s: resolving the Debian %s base (%s%s) with mmdebstrap against %s",
@@ -126,7 +131,7 @@ class BasePinner:
             f" + {', '.join(want.include)}" if want.include else "",
             want.mirror,
         )
-        got = resolve_debian(store, loaded.spec.base)
+        got = self.resolver(store, loaded.spec.base)
         if debian_request(got) != debian_request(want):  # pragma: no cover - a base-stage bug
-            raise AssertionError(f"resolve_debian answered {got!r} for {want!r}")
+            raise AssertionError(f"the resolver answered {got!r} for {want!r}")
         return got

@@ -3,7 +3,7 @@
 uv runs as ``uv pip compile`` on a temporary project written from the spec and writes PEP 751
 (``--format pylock.toml``); its packages, file URLs, sizes and sha256 digests are taken as they
 are and parsed into :class:`~envbuild.lock.model.LockedPackage`. Nothing the user configured can
-change the answer: uv runs in :func:`envbuild.proc.uv_env` (no configuration files, no ``UV_*``
+change the answer: uv runs in :func:`envbuild.proc.core.uv_env` (no configuration files, no ``UV_*``
 variable that steers resolution, Python never downloaded), and the target (Python version,
 platform, cutoff, indexes) is passed explicitly.
 
@@ -28,11 +28,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from pydantic import ValidationError
 
-from envbuild import proc, scratch
-from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed, failure_hint
+from envbuild import scratch
+from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed
+from envbuild.hints import failure_hint
 from envbuild.lock.model import Hashes, LockedBuild, LockedFile, LockedPackage
 from envbuild.lock.sdist import SdistMetadata, sdist_metadata
 from envbuild.lock.target import Target, build_names, expand_url, requirements_of
+from envbuild.proc import core as proc
 from envbuild.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 
 from envbuild.errors import Problem, SpecError, UserError
 from envbuild.lock.model import Index
-from envbuild.proc import Secret
+from envbuild.proc.core import Secret
 from envbuild.spec.knowledge import target_platform
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import SECRET_REF

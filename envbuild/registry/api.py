@@ -1,6 +1,6 @@
 """The few read-only questions envbuild asks a registry's HTTP API itself (distribution spec v2).
 
-Copying images is skopeo's job (:mod:`envbuild.registry.skopeo`). What is asked here is what a
+Copying images is skopeo's job (:mod:`envbuild.registry.core.skopeo`). What is asked here is what a
 copy tool does not report reliably: does the repository already have this blob (``HEAD
 /v2/<repo>/blobs/<digest>``), which manifest digest does a tag name (``HEAD
 /v2/<repo>/manifests/<ref>``, ``Docker-Content-Digest``), and does the registry accept our

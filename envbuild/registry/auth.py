@@ -7,7 +7,7 @@ Looked up in this order (the first that knows the registry wins):
 3. ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json`` (``docker login``), including its
    ``credHelpers``/``credsStore`` (``docker-credential-<helper> get``).
 
-Passwords are held in :class:`~envbuild.proc.Secret` and reach a child only through a private
+Passwords are held in :class:`~envbuild.proc.core.Secret` and reach a child only through a private
 auth file (mode 0600 in a private temporary folder), never its command line.
 """
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import InputFileError, RegistryError, ToolFailed
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 

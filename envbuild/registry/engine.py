@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from envbuild import scratch
-from envbuild.build import layers
 from envbuild.engine import ContainerEngine
 from envbuild.errors import ToolFailed
 from envbuild.fsio import compact_json
-from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME, Descriptor, LayoutImage
+from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME, Compression, Descriptor, LayoutImage
+from envbuild.oci.compression import compression_of, open_uncompressed
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials
 from envbuild.registry.layout import add_blob
@@ -85,10 +85,10 @@ class EngineTransport(Transport):
             tar.add(config, arcname=f"{image.config.hex}.json")
             for i, desc in enumerate(image.layers):
                 src = image.blob_path(desc)
-                if layers.compression_of(desc.media_type) is layers.Compression.ZSTD:
+                if compression_of(desc.media_type) is Compression.ZSTD:
                     plain = folder / f"layer{i}.tar"
                     with (
-                        layers.open_uncompressed(src, desc.media_type) as f,
+                        open_uncompressed(src, desc.media_type) as f,
                         plain.open("wb") as out,
                     ):
                         while chunk := f.read(1 << 20):

@@ -14,9 +14,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import IntegrityError, RegistryError, ToolFailed
 from envbuild.oci import REF_NAME, LayoutImage
+from envbuild.proc import core as proc
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials, auth_file
 from envbuild.registry.ref import ImageRef

@@ -10,8 +10,8 @@ import re
 import shutil
 from collections.abc import Iterable
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure
+from envbuild.proc import core as proc
 from envbuild.snapshot.model.host import CudaLibrary, CudaToolkit
 
 log = logging.getLogger(__name__)

@@ -18,15 +18,11 @@ from pathlib import Path
 from packaging.tags import Tag, parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from envbuild.errors import UserError
+from envbuild.errors import UnreadableFiles
 from envbuild.snapshot import records
 from envbuild.snapshot.records import Dist
 
 log = logging.getLogger(__name__)
-
-
-class UnreadableFiles(UserError):
-    """Files of an environment that exist but cannot be read: the check cannot be complete."""
 
 
 def _headers(text: str) -> dict[str, str]:

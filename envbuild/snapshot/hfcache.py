@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from envbuild.errors import InputFileError
-from envbuild.snapshot.hashing import hash_files
+from envbuild.installed.hashing import hash_files
 from envbuild.snapshot.model.services import BadBlob, HfCacheSection, ModelRepo, ModelRevision
 
 log = logging.getLogger(__name__)

@@ -28,18 +28,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc
-from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed
+from envbuild.errors import EnvironmentFailure, InputFileError, ToolFailed, UnreadableFiles
+from envbuild.installed.hashing import hash_one, stat_one
+from envbuild.proc import core as proc
 from envbuild.snapshot import contents, records
-from envbuild.snapshot.distinfo import UnreadableFiles, describe, find_dists
-from envbuild.snapshot.hashing import hash_one, stat_one
-from envbuild.snapshot.model.pyenv import (
-    AddedFile,
-    Distribution,
-    FileModes,
-    Overlap,
-    PythonEnv,
-)
+from envbuild.snapshot.distinfo import describe, find_dists
+from envbuild.snapshot.model.pyenv import AddedFile, Distribution, FileModes, Overlap, PythonEnv
 from envbuild.snapshot.records import FOUND, Dist, Merged, Mode
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from envbuild.fsio import record_digest
-from envbuild.snapshot import hashing
-from envbuild.snapshot.hashing import BIG, hash_one, stat_one
+from envbuild.installed import hashing
+from envbuild.installed.hashing import BIG, hash_one, stat_one
 from envbuild.snapshot.model.pyenv import ModifiedFile, Overlap
 
 log = logging.getLogger(__name__)

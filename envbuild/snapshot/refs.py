@@ -26,7 +26,7 @@ BUILD_MANIFEST_NAMES = ("build-manifest.json", "build.json", "manifest.json", "i
 
 
 def spec_ref(spec: str) -> SpecRef:
-    from envbuild.lock import find_lock
+    from envbuild.lock.core import find_lock
     from envbuild.spec import load_spec
 
     loaded = load_spec(spec)

@@ -1,5 +1,6 @@
 """systemd units matching a pattern (default ``vllm*``): state, ExecStart and environment, with
-secrets redacted. Through ``systemctl`` (via :func:`envbuild.proc.run`), which any user may ask."""
+secrets redacted. Through ``systemctl`` (via :func:`envbuild.proc.core.run`), which any user may
+ask."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import logging
 import shlex
 from pathlib import Path
 
-from envbuild import proc
 from envbuild.errors import EnvironmentFailure
+from envbuild.proc import core as proc
 from envbuild.snapshot.model.services import Service, SystemdSection
 from envbuild.snapshot.redact import Redactor
 

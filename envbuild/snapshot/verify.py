@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.engine import ContainerEngine
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.compare import DiffResult, compare
 from envbuild.snapshot.diff.machine import snapshot_facts
 from envbuild.snapshot.gpu import gpu_warnings

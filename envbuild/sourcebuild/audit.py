@@ -29,8 +29,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.errors import InputFileError
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.fatbin import (
     FATBIN_SECTIONS,
     KIND_ELF,

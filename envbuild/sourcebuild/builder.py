@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envbuild import proc
 from envbuild.errors import ToolNotFound
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.toolchain import (
     Nvcc,
     assemble_cuda_home,

@@ -19,8 +19,8 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from envbuild.build.wheels import target_tags
-from envbuild.errors import InputFileError, UserError
+from envbuild.errors import ArchMissing, InputFileError, UserError
+from envbuild.lock.wheels import target_tags
 from envbuild.sourcebuild.audit import Audit
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.patches import verify_record
@@ -29,10 +29,6 @@ from envbuild.sourcebuild.toolchain import requested_archs, unsupported
 from envbuild.spec.checks.builds import INT_ENV, is_count
 
 log = logging.getLogger(__name__)
-
-
-class ArchMissing(UserError):
-    """The built wheel holds no code for a target GPU's compute capability."""
 
 
 def check_archs(req: SourceBuildRequest, toolchain: Toolchain) -> None:

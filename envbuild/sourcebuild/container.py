@@ -40,7 +40,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc
 from envbuild.build import dockerarchive
 from envbuild.build import image as image_mod
 from envbuild.build.layers import Layer
@@ -52,6 +51,7 @@ from envbuild.errors import (
     EnvironmentFailure,
     ToolNotFound,
 )
+from envbuild.proc import core as proc
 from envbuild.sourcebuild import container_probe
 from envbuild.sourcebuild.builder import (
     SOURCE_DATE_EPOCH,

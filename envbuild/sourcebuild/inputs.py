@@ -4,7 +4,7 @@
 the lock), the exact torch it builds against (version and wheel sha256), the Python version, the
 compilers as found (gcc, g++, nvcc), the declared build flags (``FLASH_ATTENTION_FORCE_BUILD``
 forced for flash-attn, so it never fetches a prebuilt wheel), the build requirements, the build
-venv's locked pins (:mod:`envbuild.sourcebuild.closure`), the knowledge base's sdist patches
+venv's locked pins (:mod:`envbuild.lock.closure`), the knowledge base's sdist patches
 (:func:`sdist_patches`) and the builder's identity; no host path, secret or time. Their canonical
 JSON names the derivation (:func:`build_key`, the one place the key is made from them, for a
 build and for every lookup that asks whether one is needed). ``MAX_JOBS`` and
@@ -27,8 +27,8 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.fsio import sha256_file
+from envbuild.lock.closure import EXTRA_REQUIRES
 from envbuild.sourcebuild.builder import Builder, Toolchain
-from envbuild.sourcebuild.closure import EXTRA_REQUIRES
 from envbuild.sourcebuild.requests import KIND, SourceBuildRequest
 from envbuild.spec import knowledge
 from envbuild.store.core import Derivation, Store, derivation_key

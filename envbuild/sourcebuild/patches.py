@@ -28,9 +28,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field
 
-from envbuild import proc, scratch
-from envbuild.errors import InputFileError, UserError
+from envbuild import scratch
+from envbuild.errors import InputFileError, PatchFailed, UserError
 from envbuild.fsio import atomic_writer, canonical_json, record_digest, sha256_file
+from envbuild.proc import core as proc
 from envbuild.store.core import Output, Store, derivation_key
 
 log = logging.getLogger(__name__)
@@ -38,10 +39,6 @@ log = logging.getLogger(__name__)
 #: Fixed time of every repacked entry (the earliest a zip can hold): no wall clock in outputs.
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 PATCHES_FILE = "envbuild-patches.json"
-PATCH_HINT = (
-    "regenerate the patch against the locked version of the distribution (paths relative to "
-    "site-packages, `diff -u a/... b/...`, applied with -p1)"
-)
 
 
 class _Model(BaseModel):
@@ -65,27 +62,6 @@ class PatchedWheel(_Model):
     sha256: str
     patches: list[PatchRef]
     files: list[str] = Field(description="files the patches touched, relative to site-packages")
-
-
-class PatchFailed(UserError):
-    """A patch does not apply. Names the patch file and, when ``patch`` said it, the hunk."""
-
-    def __init__(
-        self, patch: str, message: str, *, hunks: Sequence[str] = (), output: str = ""
-    ) -> None:
-        super().__init__(f"{patch}: {message}", hint=PATCH_HINT)
-        self.patch = patch
-        self.hunks = list(hunks)
-        self.output = output
-
-    def lines(self) -> list[str]:
-        out = [self.message, *("  " + h for h in self.hunks)]
-        if self.output.strip():
-            out.append("patch said:")
-            out.extend("  " + line for line in self.output.rstrip().splitlines()[-20:])
-        if self.hint:
-            out.append(f"hint: {self.hint}")
-        return out
 
 
 def local_version(version: str, short: str) -> str:

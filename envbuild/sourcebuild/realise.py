@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild import scratch
 from envbuild.errors import (
-    ToolFailed,
+    BuildFailed,
 )
 from envbuild.sourcebuild.audit import Audit, audit_wheel
 from envbuild.sourcebuild.builder import (
@@ -80,10 +80,6 @@ class BuildResult(_Model):
     changes: list[InputChange] = Field(default_factory=list)
     previous: str | None = Field(None, description="key of the last build of this distribution")
     origin: str = Field("built", description="'built' here or 'added' by store add-wheel")
-
-
-class BuildFailed(ToolFailed):
-    """A source build failed; carries the log's tail. ``killed``: it ran out of memory."""
 
 
 def realize(

@@ -5,7 +5,7 @@ target, into a :class:`SourceBuildRequest` (the input of
 :func:`envbuild.sourcebuild.realise.realize`); :func:`patch_sets` turns ``[patches]``, with the
 lock's patch digests, into the input of :func:`envbuild.sourcebuild.patches.realize_patch`.
 A request's ``constraints`` are the build venv's locked pins
-(:mod:`envbuild.sourcebuild.closure`). :func:`describe` says what those derivations will be
+(:mod:`envbuild.lock.closure`). :func:`describe` says what those derivations will be
 without building or reading anything: the build plan (``envbuild build --dry-run``) and
 ``envbuild store plan`` show it.
 """
@@ -19,10 +19,10 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.build.plan import PlannedDerivation
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
+from envbuild.lock.closure import EXTRA_REQUIRES, RequiresOf, closures, locked_requires
 from envbuild.lock.model import Lock
-from envbuild.sourcebuild.closure import EXTRA_REQUIRES, RequiresOf, closures, locked_requires
+from envbuild.lock.wheels import select_wheels
 from envbuild.sourcebuild.patches import KIND as PATCH_KIND
 from envbuild.sourcebuild.patches import PatchRef, patch_inputs, patched_version
 from envbuild.sourcebuild.toolchain import requested_archs
@@ -113,9 +113,9 @@ def build_requests(
 ) -> list[SourceBuildRequest]:
     """One request per ``[builds]`` entry, in name order. Each one's ``constraints`` are the
     lock's pins of what its build venv installs
-    (:func:`envbuild.sourcebuild.closure.build_closure`); ``requires_of`` reads a locked wheel's
+    (:func:`envbuild.lock.closure.build_closure`); ``requires_of`` reads a locked wheel's
     dependencies (default: what the lock recorded at lock time, else
-    :func:`envbuild.sourcebuild.closure.wheel_requires`)."""
+    :func:`envbuild.lock.closure.wheel_requires`)."""
     return _requests(loaded, lock, requires_of or locked_requires(lock))
 
 

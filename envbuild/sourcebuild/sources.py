@@ -28,12 +28,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from envbuild import progress
 from envbuild.build.fetch import fetch_wheels
-from envbuild.build.install import WheelRef
 from envbuild.build.manifest import PatchRecord, SourceBuildRecord
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError
 from envbuild.fsio import sha256_file
-from envbuild.lock import Lock
+from envbuild.lock.model import Lock
+from envbuild.lock.wheels import WheelRef, select_wheels
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder
 from envbuild.sourcebuild.inputs import build_key

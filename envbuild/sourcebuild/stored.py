@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envbuild.build.plan import PlannedDerivation
 from envbuild.errors import UsageError
+from envbuild.lock.closure import RequiresOf
 from envbuild.lock.model import Lock
 from envbuild.sourcebuild.audit import Audit
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.checks import check_archs, check_wheel_file
-from envbuild.sourcebuild.closure import RequiresOf
 from envbuild.sourcebuild.inputs import build_key
 from envbuild.sourcebuild.jobs import JobsPlan, plan_jobs
 from envbuild.sourcebuild.patches import KIND as PATCH_KIND
@@ -66,7 +66,8 @@ class StoredOutput(_Model):
 
 
 def _loaded_and_lock(spec: Path) -> tuple[LoadedSpec, Lock]:
-    from envbuild.lock import find_lock, read_lock
+    from envbuild.lock.core import find_lock
+    from envbuild.lock.io import read_lock
     from envbuild.spec.load import load_spec
 
     loaded = load_spec(spec)

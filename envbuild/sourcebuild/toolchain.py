@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbuild import proc
 from envbuild.errors import ToolNotFound
+from envbuild.proc import core as proc
 from envbuild.spec.archs import Arch, ArchRequest, ListFormat, parse_list
 
 log = logging.getLogger(__name__)

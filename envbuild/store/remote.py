@@ -28,12 +28,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envbuild import registry
 from envbuild.engine import ContainerEngine
 from envbuild.errors import IntegrityError, RegistryUnreachable
 from envbuild.oci import LayoutImage, open_blob, open_layout
-from envbuild.registry import Endpoint, ImageRef, PushResult, RegistryApi, Transport
+from envbuild.registry import core as registry
+from envbuild.registry.api import Endpoint, RegistryApi
+from envbuild.registry.core import PushResult
 from envbuild.registry.layout import add_blob, write_artifact
+from envbuild.registry.ref import ImageRef
+from envbuild.registry.transport import Transport
 from envbuild.store.core import Derivation, Output, Realized, Store, derivation_key
 
 log = logging.getLogger(__name__)

@@ -7,29 +7,3 @@ newline is kept; and block tags leave the text around them alone, so a template 
 line without its newline says so with ``-%}``. A module that renders a template gives it the
 filters it needs (how a value is quoted for systemd, for a Dockerfile).
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable, Mapping
-from typing import Any
-
-import jinja2
-
-Filters = Mapping[str, Callable[..., Any]]
-
-
-def environment(filters: Filters | None = None) -> jinja2.Environment:
-    """The environment envbuild's templates render with, with ``filters`` added."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader(__name__, "."),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=True,
-    )
-    env.filters.update(filters or {})
-    return env
-
-
-def render(name: str, filters: Filters | None = None, /, **variables: Any) -> str:
-    """Template ``name`` of this folder rendered with ``variables`` (and ``filters``)."""
-    return environment(filters).get_template(name).render(**variables)

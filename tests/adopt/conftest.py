@@ -17,7 +17,7 @@ import pytest
 from apply.conftest import hub, machine, wheel_index  # noqa: F401
 from support import pyindex
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 UPLOADED = datetime(2025, 3, 1, tzinfo=UTC)
 

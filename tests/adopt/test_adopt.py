@@ -14,7 +14,7 @@ from adopt.conftest import make_venv, served, site_packages, tree_digest
 from support.sdists import pack_sdist
 from support.wheels import make_wheel
 
-from envbuild.lock import read_lock
+from envbuild.lock.io import read_lock
 from envbuild.sourcebuild.patches import PatchRef, patch_wheel
 from envbuild.spec.validate import validate
 

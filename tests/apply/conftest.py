@@ -32,7 +32,7 @@ from support.wheels import make_wheel
 
 from envbuild.apply import host as hostmod
 from envbuild.apply.paths import HF_HOME, Paths
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "apply"

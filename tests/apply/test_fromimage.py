@@ -24,9 +24,9 @@ from support.project import write_project
 from support.registry import Registry
 from support.wheels import make_wheel, ref
 
-from envbuild import proc
 from envbuild.apply import generations as gens
 from envbuild.apply.paths import Paths
+from envbuild.proc import core as proc
 
 pytestmark = pytest.mark.registry
 

@@ -7,7 +7,7 @@ import pytest
 from apply.conftest import Experiment, Machine
 
 from envbuild.apply import generations as gens
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 
 pytestmark = pytest.mark.slow

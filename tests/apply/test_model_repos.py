@@ -16,7 +16,7 @@ from support.hfhub import Hub
 
 from envbuild.apply import unit as units
 from envbuild.apply.modelcache import fetch, find_cached, repo_folder
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent.parent

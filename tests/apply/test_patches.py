@@ -15,9 +15,10 @@ from support.registry import Registry
 from envbuild.apply import generations as gens
 from envbuild.apply.inputs import from_spec
 from envbuild.apply.wheels import StoreWheels
-from envbuild.build.wheels import select_wheels
-from envbuild.lock import lock_spec
-from envbuild.registry import Endpoint, parse_repo
+from envbuild.lock.core import lock_spec
+from envbuild.lock.wheels import select_wheels
+from envbuild.registry.api import Endpoint
+from envbuild.registry.ref import parse_repo
 from envbuild.spec import load_spec
 from envbuild.store.remote import CachedStore, RemoteCache
 

@@ -14,7 +14,7 @@ from envbuild.apply.checks import Kind, PreflightReport, Status
 from envbuild.apply.paths import Paths
 from envbuild.apply.preflight import LinkResult, PreflightInput, run_preflight
 from envbuild.apply.probe import SystemProbe, Toolkit
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 from envbuild.spec.model import Cuda
 

@@ -76,7 +76,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
 ) -> None:
     spec = experiment("tiny-a", lock=False)
     spec.write_text(spec.read_text() + '\n[packages]\noddrecord = "==1.0"\nemptydir = "==1.0"\n')
-    from envbuild.lock import lock_spec
+    from envbuild.lock.core import lock_spec
     from envbuild.spec import load_spec
 
     lock_spec(load_spec(spec))
@@ -110,7 +110,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
 def test_two_distributions_with_one_path_follow_the_spec_never_install_order(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    from envbuild.lock import lock_spec
+    from envbuild.lock.core import lock_spec
     from envbuild.spec import load_spec
 
     spec = experiment("tiny-a", lock=False)

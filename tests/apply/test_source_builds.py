@@ -18,7 +18,7 @@ from support.registry import Registry
 from envbuild.apply import generations as gens
 from envbuild.apply.assemble import CHOICE
 from envbuild.apply.paths import Paths
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 from envbuild.store.core import Store
 

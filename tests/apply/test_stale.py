@@ -94,7 +94,7 @@ def test_an_edited_unit_copy_in_the_generation_is_caught(
 def test_a_wheel_published_with_a_wrong_record_is_not_mistaken_for_an_edit(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    from envbuild.lock import lock_spec
+    from envbuild.lock.core import lock_spec
     from envbuild.spec import load_spec
 
     spec = experiment("tiny-a", lock=False)
@@ -225,7 +225,7 @@ def test_re_applies_keep_the_first_snapshot_and_add_new_ones(
 def test_a_spec_without_a_unit_is_not_said_to_be_running(
     cli, experiment: Experiment, machine: Machine
 ) -> None:
-    from envbuild.lock import lock_spec
+    from envbuild.lock.core import lock_spec
     from envbuild.spec import load_spec
 
     spec = experiment("tiny-a", lock=False)

@@ -22,8 +22,8 @@ from support.wheels import make_wheel, ref
 from envbuild.build import image
 from envbuild.build.layers import Layer
 from envbuild.build.manifest import BuiltLayer, stored_layer
-from envbuild.build.planner import load_lock
 from envbuild.engine import DockerEngine
+from envbuild.pipeline.planner import load_lock
 from envbuild.sourcebuild.container import ContainerBuilder
 from envbuild.sourcebuild.inputs import inputs_of
 from envbuild.sourcebuild.requests import build_requests

@@ -16,12 +16,12 @@ from support.debianbase import DebianRootfs
 from support.project import write_project
 
 from envbuild.build.base import debian
-from envbuild.build.dockerfile import render_dockerfile
-from envbuild.build.install import WheelRef
-from envbuild.build.layers import open_uncompressed
-from envbuild.build.planner import load_lock
-from envbuild.lock import read_lock
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import DebianBaseLock, ImageBaseLock
+from envbuild.lock.wheels import WheelRef
+from envbuild.oci.compression import open_uncompressed
+from envbuild.pipeline.dockerfile import render_dockerfile
+from envbuild.pipeline.planner import load_lock
 from envbuild.spec import load_spec
 
 DIGEST = "sha256:" + "ab" * 32

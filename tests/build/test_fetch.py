@@ -48,7 +48,7 @@ def test_ctrl_c_stops_the_downloads(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     import time
 
     from envbuild.build import fetch
-    from envbuild.build.install import WheelRef
+    from envbuild.lock.wheels import WheelRef
 
     size = 200 * 1024  # 200 slow chunks: 1 s a wheel
     data = {f"https://example.invalid/w{i}": bytes([65 + i]) * size for i in range(6)}

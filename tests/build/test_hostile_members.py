@@ -15,7 +15,7 @@ import pytest
 from conftest import CliResult
 from support.project import write_project
 
-from envbuild.build.layers import open_uncompressed
+from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 
 from .base.tarcheck import oci_layout, pax_member, pax_tar

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from support.wheels import make_wheel, ref
 
-from envbuild.build.install import VenvTarget, install, write_venv
-from envbuild.build.overlaps import OverlapError, find_overlaps, resolve_overlaps
-from envbuild.build.wheelpaths import wheel_files
+from envbuild.build.install import install, write_venv
+from envbuild.build.overlaps import find_overlaps, resolve_overlaps
+from envbuild.errors import OverlapError
+from envbuild.installed.venv import VenvTarget
+from envbuild.installed.wheelpaths import wheel_files
 
 TARGET = VenvTarget(venv="/opt/venv", interpreter="/usr/bin/python3", python_version="3.11")
 SITE = "opt/venv/lib/python3.11/site-packages"

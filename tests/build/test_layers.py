@@ -15,10 +15,11 @@ import pytest
 from support.treelayer import layer_from_tree
 
 from envbuild.build import layers as layers_mod
-from envbuild.build.entries import Entry, Kind, LayerError, whiteout
-from envbuild.build.layers import Compression, open_uncompressed, write_layer
+from envbuild.build.entries import Entry, Kind, whiteout
+from envbuild.build.layers import Compression, write_layer
 from envbuild.build.tarwrite import Sink, header
-from envbuild.errors import ToolFailed
+from envbuild.errors import LayerError, ToolFailed
+from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 
 FILES = {

@@ -36,7 +36,7 @@ sys.stderr.write("\\nLOADED " + json.dumps(sorted(sys.modules)) + "\\n")
 raise SystemExit(code)
 """
 #: What a no-op told from its record does not import: the stages, the lock, the spec's models.
-STAGES = {"envbuild.build.pipeline", "envbuild.lock", "envbuild.spec.model", "pydantic"}
+STAGES = {"envbuild.pipeline.core", "envbuild.lock", "envbuild.spec.model", "pydantic"}
 
 
 def fresh_build(repo: Path, spec: Path, out: Path) -> tuple[subprocess.CompletedProcess[str], bool]:

@@ -320,7 +320,8 @@ def test_the_printed_time_is_the_wall_time(
 ) -> None:
     """The base runs beside the layers: the line shows the build's wall time, not the stages'
     sum (here the base and the layers each take at least 0.6 s, side by side)."""
-    from envbuild.build import layerbuild, pipeline
+    from envbuild.build import layerbuild
+    from envbuild.pipeline import core as pipeline
 
     real_base, real_layer = pipeline.base_stage, layerbuild.build_layer
 

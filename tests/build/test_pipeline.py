@@ -16,8 +16,8 @@ from conftest import CliResult
 from support.project import members, write_project
 from support.wheels import make_wheel, ref
 
-from envbuild.build.install import WheelRef
 from envbuild.build.plan import BIG_BYTES
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Store
 from envbuild.store.gc import collect
 
@@ -203,8 +203,9 @@ def test_a_failed_base_is_reported_without_building_the_other_layers(
     import threading
     import time
 
-    from envbuild.build import layerbuild, pipeline
+    from envbuild.build import layerbuild
     from envbuild.errors import EnvironmentFailure
+    from envbuild.pipeline import core as pipeline
 
     d = repo / "wheels"
     wheels = [ref(make_wheel(d, f"w{i}", "1.0", {f"w{i}.py": f"X = {i}\n"})) for i in range(6)]

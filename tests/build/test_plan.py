@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from envbuild.build.config import image_config
-from envbuild.build.install import VenvTarget, WheelRef
 from envbuild.build.plan import PlanOptions, bucket, layer_plan, shared_inputs
-from envbuild.build.wheels import target_tags
 from envbuild.errors import UserError
+from envbuild.installed.venv import VenvTarget
+from envbuild.lock.wheels import WheelRef, target_tags
 from envbuild.spec import load_spec
 
 TARGET = VenvTarget(platform="manylinux_2_36_x86_64")

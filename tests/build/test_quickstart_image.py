@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import REPO, CliResult
 
-from envbuild.lock import lock_spec
+from envbuild.lock.core import lock_spec
 from envbuild.spec import load_spec
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -105,7 +105,7 @@ def test_the_sbom_is_valid_cyclonedx_and_names_everything_in_the_image(quickstar
     from cyclonedx.validation.json import JsonStrictValidator
 
     from envbuild.build import sbom
-    from envbuild.lock import read_lock
+    from envbuild.lock.io import read_lock
 
     out, m = quickstart.output, quickstart.manifest
     data = (out / "sbom.cdx.json").read_bytes()
@@ -187,7 +187,8 @@ def _zstd_project(quickstart: Built, top: Path) -> Path:
     layer, decompressed) in a new repository, with the quickstart lock re-pinned to it: a second
     compression needs no second mmdebstrap run (the Debian base's key includes the compression)."""
     from envbuild.fsio import sha256_file
-    from envbuild.lock import dumps, lock_path, read_lock
+    from envbuild.lock.core import lock_path
+    from envbuild.lock.io import dumps, read_lock
     from envbuild.lock.model import RootfsBaseLock
     from envbuild.store.core import Store
 

@@ -280,8 +280,8 @@ def test_mmdebstraps_ca_folder_is_locked_while_it_runs_and_gone_after(
     import fcntl
     from types import SimpleNamespace
 
-    from envbuild import proc
     from envbuild.build.base import debian
+    from envbuild.proc import core as proc
 
     bundle = tmp_path / "bundle.crt"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")

@@ -18,7 +18,7 @@ from support.project import members, write_project
 from support.sdists import FIXTURES, pack_sdist
 from support.wheels import make_wheel, ref
 
-from envbuild.build.install import WheelRef
+from envbuild.lock.wheels import WheelRef
 from envbuild.store.core import Store
 
 pytestmark = pytest.mark.network  # setuptools for the build venv, once per session

@@ -8,8 +8,8 @@ import errno
 
 import pytest
 
-from envbuild.build.stages import StageError, stage
-from envbuild.errors import ExitCode, LinkFindings, Problem, SpecError, ToolFailed
+from envbuild.build.stages import stage
+from envbuild.errors import ExitCode, LinkFindings, Problem, SpecError, StageError, ToolFailed
 
 
 def test_an_envbuild_error_keeps_its_exit_code_kind_and_lines() -> None:

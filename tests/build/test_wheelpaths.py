@@ -1,4 +1,4 @@
-"""Where a wheel's member lands (:func:`envbuild.build.wheelpaths.member_path`): the string fast
+"""Where a wheel's member lands (:func:`envbuild.installed.wheelpaths.member_path`): the string fast
 path for a plain member gives what pathlib's normalisation gives, for any member name."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import PurePosixPath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envbuild.build.install import VenvTarget
-from envbuild.build.wheelpaths import member_path
+from envbuild.installed.venv import VenvTarget
+from envbuild.installed.wheelpaths import member_path
 
 
 def by_pathlib(member: str, target: VenvTarget) -> str | None:

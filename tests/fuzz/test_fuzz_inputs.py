@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from support.debianbase import need
 from support.project import write_project
 
-from envbuild.build.layers import open_uncompressed
+from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 
 Cli = Callable[..., CliResult]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.build.install import VenvTarget
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.reader import Cache
 from envbuild.linkcheck.wheels import Wheel, base_system, wheel_entries
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.build.install import VenvTarget
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.reader import Cache
 from envbuild.linkcheck.wheels import Wheel, base_system, member_key, wheel_entries
 from tests.linkcheck.test_image_inputs import layer

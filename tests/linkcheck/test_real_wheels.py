@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild import proc
-from envbuild.linkcheck import Cache, check_folder
+from envbuild.linkcheck.core import check_folder
+from envbuild.linkcheck.reader import Cache
+from envbuild.proc import core as proc
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

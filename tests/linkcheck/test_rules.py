@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.linkcheck import Cache, Report, check_folder, demangle
+from envbuild.linkcheck.core import Report, check_folder, demangle
 from envbuild.linkcheck.elf import read_elf
+from envbuild.linkcheck.reader import Cache
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 

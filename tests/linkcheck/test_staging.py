@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from support.wheels import ref
 
-from envbuild.build.install import VenvTarget, install
+from envbuild.build.install import install
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.reader import CACHE_FORMAT, Cache
 from envbuild.linkcheck.staging import Staged, record_staged
 from envbuild.linkcheck.wheels import Wheel, map_key, member_key, wheel_entries

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.build.install import VenvTarget
 from envbuild.errors import InputFileError
+from envbuild.installed.venv import VenvTarget
 from envbuild.linkcheck.reader import Cache
 from envbuild.linkcheck.wheels import Wheel, wheel_entries
 from envbuild.linkcheck.zipread import read_member

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.mmdebstrap import builds_in, mmdebstrap_shim
 
-from envbuild.lock import dumps, read_lock
+from envbuild.lock.io import dumps, read_lock
 from envbuild.lock.model import DebianBaseLock
 
 pytestmark = pytest.mark.slow

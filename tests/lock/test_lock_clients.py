@@ -14,7 +14,7 @@ import pytest
 from packaging.pylock import Pylock, is_valid_pylock_path
 from packaging.version import Version
 
-from envbuild.lock import find_lock, legacy_lock_path, lock_path
+from envbuild.lock.core import find_lock, legacy_lock_path, lock_path
 from envbuild.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

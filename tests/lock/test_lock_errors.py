@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from envbuild.errors import ManifestError, NewerFormat
-from envbuild.lock import LOCK_FORMAT, read_lock
 from envbuild.lock import io as lock_io
-from envbuild.lock.model import DebianBaseLock
+from envbuild.lock.io import read_lock
+from envbuild.lock.model import LOCK_FORMAT, DebianBaseLock
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "lock"
 

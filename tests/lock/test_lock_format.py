@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from envbuild.errors import ManifestError
-from envbuild.lock import dumps, loads
+from envbuild.lock.io import dumps, loads
 from envbuild.lock.model import (
     EnvbuildLock,
     Hashes,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from envbuild.lock import lock_path, read_lock
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import read_lock
 from envbuild.spec import load_spec
 
 pytestmark = pytest.mark.network

@@ -6,7 +6,8 @@ import hashlib
 import tomllib
 from pathlib import Path
 
-from envbuild.lock import lock_path, read_lock
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import read_lock
 from envbuild.spec import load_spec
 
 

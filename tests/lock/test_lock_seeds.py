@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.lock import check_lock, driver_warnings, lock_path, read_lock
+from envbuild.lock.core import check_lock, driver_warnings, lock_path
+from envbuild.lock.io import read_lock
 from envbuild.lock.model import DebianBaseLock
 from envbuild.spec import load_spec
 

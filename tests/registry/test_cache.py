@@ -11,7 +11,8 @@ import pytest
 from support.registry import Registry
 from support.sdists import FIXTURES, pack_sdist
 
-from envbuild.registry import Endpoint, parse_repo
+from envbuild.registry.api import Endpoint
+from envbuild.registry.ref import parse_repo
 from envbuild.store.remote import CachedStore, RemoteCache
 
 pytestmark = pytest.mark.registry

@@ -72,7 +72,7 @@ def test_a_spec_with_errors_does_not_stop_the_others(
 def test_ci_builds_pushes_and_a_second_machine_reuses_the_cache(
     cli: Cli, repo: Path, registry: Registry, tmp_path: Path
 ) -> None:
-    from envbuild.lock import lock_spec
+    from envbuild.lock.core import lock_spec
     from envbuild.spec import load_spec
 
     spec = project(repo)

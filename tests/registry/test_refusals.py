@@ -99,7 +99,7 @@ def test_threads_sharing_one_api_log_in_once_and_all_get_in(
     logs in and the others use its token instead of calling their credentials refused."""
     import threading
 
-    from envbuild.registry import Endpoint, RegistryApi
+    from envbuild.registry.api import Endpoint, RegistryApi
 
     registry_auth.write_docker_config(docker_config)
     api = RegistryApi(registry_auth.host, "private/app", Endpoint(insecure=True))

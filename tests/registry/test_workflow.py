@@ -299,7 +299,8 @@ def test_cuda_toolkit_wheels_compile_and_link_cudart(tmp_path: Path) -> None:
     import importlib.util
     import subprocess
 
-    from envbuild.lock import lock_path, read_lock
+    from envbuild.lock.core import lock_path
+    from envbuild.lock.io import read_lock
     from envbuild.spec import load_spec
 
     mod_spec = importlib.util.spec_from_file_location(

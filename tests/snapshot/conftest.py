@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support.wheels import make_wheel
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 ALPHA_FILES = {
     "alpha/__init__.py": "VERSION = '1.0'\n",

@@ -15,9 +15,9 @@ import pytest
 from support.recordednvml import h200
 from support.wheels import make_wheel
 
-from envbuild import proc
 from envbuild.fsio import canonical_json
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.proc import core as proc
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.verify import verify
 from envbuild.sourcebuild.patches import PatchRef, patch_wheel, unpatched_version

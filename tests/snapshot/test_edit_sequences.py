@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from support.recordednvml import h200
 
 from envbuild.fsio import canonical_json
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.compare import compare
 from envbuild.snapshot.diff.machine import snapshot_facts
 from envbuild.snapshot.diff.render import render_text

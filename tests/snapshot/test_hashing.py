@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from envbuild.snapshot import hashing
+from envbuild.installed import hashing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def check(
 # fresh interpreter, where it really forks.
 _IN_A_FRESH_PROCESS = """
 import json, sys
-from envbuild.snapshot import hashing
+from envbuild.installed import hashing
 hashing.ENGINE = "processes"
 assert hashing.use_processes(3, 0), "the process engine would not fork here"
 items = json.load(sys.stdin)

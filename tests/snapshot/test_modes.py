@@ -17,7 +17,7 @@ from support.wheels import make_wheel
 
 from envbuild.errors import ManifestError
 from envbuild.fsio import canonical_json
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.render import render_text
 from envbuild.snapshot.model import parse_snapshot
 from envbuild.snapshot.verify import verify

@@ -113,7 +113,7 @@ def test_packages_from_pypi_by_pip_and_uv(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from envbuild import proc
+    from envbuild.proc import core as proc
     from snapshot.conftest import _env
 
     venv = tmp_path / "venv"

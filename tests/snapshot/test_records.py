@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from envbuild.fsio import record_digest
-from envbuild.snapshot import hashing, records
+from envbuild.installed import hashing
+from envbuild.snapshot import records
 from envbuild.snapshot.distinfo import find_dists
 from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 
@@ -144,7 +145,8 @@ def test_the_findings(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 _FORKED = """
 import json, os, sys
 from envbuild.fsio import record_digest
-from envbuild.snapshot import hashing, records
+from envbuild.installed import hashing
+from envbuild.snapshot import records
 from envbuild.snapshot.pyenv import Interpreter, scan_site_packages
 hashing.ENGINE, hashing.DEFAULT_WORKERS, records.CHUNK_CHARS = "processes", 3, 1000
 forks, fork = [], os.fork

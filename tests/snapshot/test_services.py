@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from envbuild.engine import DockerEngine
-from envbuild.snapshot import Options, take_snapshot
+from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.cuda import read_toolkits
 from envbuild.snapshot.docker import read_docker
 from envbuild.snapshot.redact import Redactor

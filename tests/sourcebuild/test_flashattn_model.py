@@ -241,7 +241,8 @@ def test_patch_sdist_of_a_hostile_tar_writes_nothing_outside(
 def test_the_cxx20_patch_applies_to_the_real_sdist(tmp_path: Path) -> None:
     """The locked flash_attn-2.8.3.post2.tar.gz (8 MB from PyPI): the patch applies with no
     fuzz and leaves no -std=c++17 in the CUDA flags."""
-    from envbuild.lock import lock_path, read_lock
+    from envbuild.lock.core import lock_path
+    from envbuild.lock.io import read_lock
     from envbuild.sourcebuild.inputs import SOURCE_PATCHES
     from envbuild.sourcebuild.sdist import fetch_sdist
     from envbuild.spec.load import load_spec

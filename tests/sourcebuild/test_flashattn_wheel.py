@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from envbuild.lock import lock_path, read_lock
-from envbuild.proc import find_uv
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import read_lock
+from envbuild.proc.core import find_uv
 from envbuild.sourcebuild.audit import audit_wheel
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.inputs import inputs_of

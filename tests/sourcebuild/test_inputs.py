@@ -15,7 +15,8 @@ from support.recordingbuilder import RecordingBuilder
 from support.wheels import make_wheel
 
 from envbuild.errors import UserError
-from envbuild.lock import closure_requires
+from envbuild.lock.closure import build_closure, build_roots, wheel_requires
+from envbuild.lock.core import closure_requires
 from envbuild.lock.model import (
     Hashes,
     Lock,
@@ -23,7 +24,6 @@ from envbuild.lock.model import (
     LockedPackage,
 )
 from envbuild.sourcebuild.builder import Toolchain
-from envbuild.sourcebuild.closure import build_closure, build_roots, wheel_requires
 from envbuild.sourcebuild.inputs import build_key, diff_inputs, inputs_of
 from envbuild.sourcebuild.realise import realize
 from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, build_requests
@@ -158,7 +158,7 @@ def test_the_lock_records_what_the_closure_reads_and_a_build_reads_it_back(
     demo: LoadedSpec, lock_with: Callable[..., Lock], tmp_path: Path
 ) -> None:
     """`envbuild lock` records the Requires-Dist of exactly the wheels the build closure follows
-    (envbuild.sourcebuild.closure, the lock's only use of sourcebuild), and a request keyed from
+    (envbuild.lock.closure, the lock's only use of sourcebuild), and a request keyed from
     that record alone, its wheels gone, has the constraints reading the wheels gave."""
     lock = lock_with()
     recorded = closure_requires(demo, lock)
@@ -242,8 +242,8 @@ def test_dependencies_come_over_http_once_then_from_the_cache(
     no index at all. A wheel whose bytes are not the locked ones is refused."""
     from support import pyindex
 
-    from envbuild.build.install import WheelRef
     from envbuild.errors import IntegrityError
+    from envbuild.lock.wheels import WheelRef
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = tmp_path / "index"

@@ -16,11 +16,10 @@ import pytest
 from sourcebuild.conftest import store_state
 from support.sdists import FIXTURES
 
-from envbuild import proc
-from envbuild.errors import InputFileError, UserError
+from envbuild.errors import InputFileError, PatchFailed, UserError
 from envbuild.fsio import sha256_file
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.patches import (
-    PatchFailed,
     PatchRef,
     patch_inputs,
     patch_wheel,

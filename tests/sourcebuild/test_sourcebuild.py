@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 from sourcebuild.conftest import request, store_state
 
-from envbuild import proc
-from envbuild.errors import ToolNotFound, UserError
+from envbuild.errors import ArchMissing, BuildFailed, ToolNotFound, UserError
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.builder import HostBuilder
-from envbuild.sourcebuild.checks import ArchMissing
 from envbuild.sourcebuild.jobs import choose_max_jobs
-from envbuild.sourcebuild.realise import BuildFailed, BuildResult, add_wheel, realize
+from envbuild.sourcebuild.realise import BuildResult, add_wheel, realize
 from envbuild.sourcebuild.requests import FileRef
 from envbuild.store.core import Store
 

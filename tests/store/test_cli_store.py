@@ -13,7 +13,7 @@ from sourcebuild.conftest import cext_lock, store_state, write_cext_spec
 from support.sdists import FIXTURES
 from support.wheels import make_wheel
 
-from envbuild.lock import lock_path
+from envbuild.lock.core import lock_path
 from envbuild.lock.io import dumps
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.realise import realize
@@ -68,7 +68,7 @@ def test_add_wheel_then_ls_and_path(
 ) -> None:
     spec = _lock_fixture(repo, sdists("cext"), python_version)
     loaded = load_spec(spec)
-    from envbuild.lock import read_lock
+    from envbuild.lock.io import read_lock
 
     (req,) = build_requests(loaded, read_lock(lock_path(loaded)))
     big = Store(tmp_path / "big")

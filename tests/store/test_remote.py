@@ -16,7 +16,8 @@ import pytest
 from support.registry import Registry
 
 from envbuild.errors import IntegrityError
-from envbuild.registry import Endpoint, parse_repo
+from envbuild.registry.api import Endpoint
+from envbuild.registry.ref import parse_repo
 from envbuild.store.core import Derivation, Output, Store, derivation_key
 from envbuild.store.remote import CachedStore, RemoteCache, cache_tag
 from envbuild.store.verify import verify

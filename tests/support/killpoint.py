@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import envbuild.build.pipeline as build_mod
+import envbuild.pipeline.core as build_mod
 from envbuild.build import outputs, tarwrite
 from envbuild.cli import main
 

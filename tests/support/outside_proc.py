@@ -10,7 +10,7 @@ OUTSIDE_PROC = {
         "runs inside the builder container, where envbuild is not installed: it cannot import "
         "envbuild.proc (its argvs are fixed; the container, started through proc, holds them)"
     ),
-    "snapshot/hashing.py": (
+    "installed/hashing.py": (
         "forks hashing workers of its own (no exec), which it kills when interrupted (a signal "
         "raises in the parent's main thread)"
     ),

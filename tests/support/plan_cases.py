@@ -1,11 +1,11 @@
 """The golden build plans under ``tests/cases/build/<name>/``.
 
 A case folder holds ``spec.toml`` (the spec), ``pylock.<name>.toml`` (its lock, the name
-:func:`envbuild.lock.lock_path` gives it), any file the spec names (patches), and ``plan.json``:
-the :class:`envbuild.build.plan.Plan` that :func:`envbuild.build.planner.make_plan` computes
-from them. ``_shared/`` is copied into ``specs/`` of every case (``extends =
-"base/rtx-pro-6000-8x.toml"``). The seed cases are copies of ``specs/<name>.toml`` and
-``lockfiles/pylock.<name>.toml``.
+:func:`envbuild.lock.core.lock_path` gives it), any file the spec names (patches), and
+``plan.json``: the :class:`envbuild.build.plan.Plan` that
+:func:`envbuild.pipeline.planner.make_plan` computes from them. ``_shared/`` is copied into
+``specs/`` of every case (``extends = "base/rtx-pro-6000-8x.toml"``). The seed cases are copies
+of ``specs/<name>.toml`` and ``lockfiles/pylock.<name>.toml``.
 
 A plan reads no network and no docker. What it would read from this machine is fixed here: the
 installer and compressor versions (part of every layer's key) are placeholders, and
@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from envbuild.build.planner import load_lock, make_plan
 from envbuild.fsio import canonical_json
+from envbuild.pipeline.planner import load_lock, make_plan
 from envbuild.spec import load_spec
 
 CASES = Path(__file__).resolve().parent.parent / "cases" / "build"

@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from envbuild.build.install import WheelRef
-from envbuild.build.layers import open_uncompressed
 from envbuild.fsio import sha256_file
-from envbuild.lock import dumps, lock_path
 from envbuild.lock.check import patch_records
+from envbuild.lock.core import lock_path
+from envbuild.lock.io import dumps
 from envbuild.lock.model import (
     EnvbuildLock,
     Hashes,
@@ -29,6 +28,8 @@ from envbuild.lock.model import (
     RootfsBaseLock,
     ToolTable,
 )
+from envbuild.lock.wheels import WheelRef
+from envbuild.oci.compression import open_uncompressed
 from envbuild.spec import load_spec
 from envbuild.store.core import Store
 

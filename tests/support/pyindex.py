@@ -27,7 +27,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 

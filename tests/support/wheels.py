@@ -9,7 +9,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from envbuild.build.install import WheelRef
+from envbuild.lock.wheels import WheelRef
 
 
 def _record_hash(data: bytes) -> str:

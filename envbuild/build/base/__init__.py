@@ -20,6 +20,7 @@ from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarsafe import Limits
 from envbuild.build.layers import Compression
+from envbuild.lock.base import lock_base
 from envbuild.lock.model import (
     BaseLock,
     DebianBaseLock,
@@ -27,6 +28,7 @@ from envbuild.lock.model import (
     OciLayoutBaseLock,
     RootfsBaseLock,
 )
+from envbuild.proc import core as proc
 from envbuild.store.core import Store
 
 __all__ = ["DEFAULT_PATH", "BaseImage", "build_base", "resolve_debian"]
@@ -46,8 +48,6 @@ def build_base(
     other kinds are pinned by the spec itself (digest, sha256). ``tls_verify=False`` lets a
     registry base come from a plain-HTTP registry (tests). ``sde``: the mtime of what is built
     here (a Debian rootfs, a tarball's layer): the plan's SOURCE_DATE_EPOCH."""
-    from envbuild.lock.base import lock_base  # lazily: envbuild.lock may use this package
-
     spec_base = loaded.spec.base
     if spec_base.kind == "debian":
         pinned = lock if isinstance(lock, DebianBaseLock) else None
@@ -67,5 +67,7 @@ def build_base(
 
 def resolve_debian(store: Store, spec_base: Any) -> DebianBaseLock:
     """Resolve a Debian base's package set against its mirror (runs mmdebstrap once; the rootfs
-    is kept in the store as the build of that pinned set)."""
+    is kept in the store as the build of that pinned set). The lock stage's
+    :class:`~envbuild.lock.pin.BasePinner` is given this as its ``resolver``."""
+    proc.which("mmdebstrap", hint=debian.HINT)
     return debian.resolve(store, spec_base)

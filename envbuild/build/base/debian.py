@@ -27,7 +27,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from envbuild import proc, scratch
+from envbuild import scratch
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarread import located, open_tar, tar_entries
 from envbuild.build.base.tarsafe import Tree
@@ -35,6 +35,7 @@ from envbuild.build.image import History, OciImageConfig, layer_history
 from envbuild.build.layers import Compression, Layer, compressor_id, source_date_epoch, write_layer
 from envbuild.errors import IntegrityError
 from envbuild.lock.model import DebianBaseLock, DebianPackageLock
+from envbuild.proc import core as proc
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

@@ -35,18 +35,12 @@ from envbuild.build.base.tarread import (
 )
 from envbuild.build.base.tarsafe import Limits, Tree
 from envbuild.build.image import History, OciImageConfig
-from envbuild.build.layers import (
-    MEDIA_TYPES,
-    Compression,
-    Layer,
-    compression_of,
-    compressor_id,
-    write_layer,
-)
+from envbuild.build.layers import Compression, Layer, compressor_id, write_layer
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock.model import BaseLock, OciLayoutBaseLock, RootfsBaseLock
 from envbuild.oci import open_layout
+from envbuild.oci.compression import MEDIA_TYPES, compression_of
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

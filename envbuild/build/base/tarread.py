@@ -30,18 +30,12 @@ from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
 from envbuild.build.base.filekind import NOT_TAR_HINT, describe
-from envbuild.build.base.tarsafe import (
-    SPARSE_HINT,
-    CorruptArchive,
-    Tree,
-    UnsafeArchive,
-    is_device,
-    member_path,
-)
+from envbuild.build.base.tarsafe import SPARSE_HINT, CorruptArchive, Tree, is_device, member_path
 from envbuild.build.entries import OPAQUE, WHITEOUT, Entry, Kind, Opener
-from envbuild.build.layers import MEDIA_TYPES, Compression, open_uncompressed
-from envbuild.errors import ToolFailed
+from envbuild.build.layers import Compression
+from envbuild.errors import ToolFailed, UnsafeArchive
 from envbuild.fsio import rmtree
+from envbuild.oci.compression import MEDIA_TYPES, open_uncompressed
 
 CHUNK = 1 << 20
 #: The largest PAX or GNU long-name header read (tarfile holds one in memory).

@@ -42,15 +42,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from envbuild.build.entries import OPAQUE, WHITEOUT
-from envbuild.errors import InputFileError
+from envbuild.errors import UnsafeArchive
 
 GIB = 1 << 30
 PATH_MAX, NAME_MAX = 4096, 255
 MAX_ID = (1 << 32) - 1
-
-
-class UnsafeArchive(InputFileError):
-    """A base tarball tries to write outside its target, or holds what a layer cannot."""
 
 
 class CorruptArchive(UnsafeArchive):

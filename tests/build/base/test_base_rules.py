@@ -16,11 +16,11 @@ import pytest
 from support.debianbase import need
 
 from envbuild.build.base import rootfs
-from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits, UnsafeArchive
+from envbuild.build.base.tarsafe import GIB, CorruptArchive, Limits
 from envbuild.build.image import OciImageConfig, write_image
 from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.errors import ExitCode
+from envbuild.errors import ExitCode, UnsafeArchive
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.store.core import Store
 

@@ -18,17 +18,13 @@ from support.treelayer import layer_from_tree
 
 from envbuild.build.base import debian, registry, rootfs
 from envbuild.build.base.tarread import safe_extract
-from envbuild.build.base.tarsafe import UnsafeArchive
 from envbuild.build.entries import Entry, Kind, opaque, whiteout
 from envbuild.build.image import History, OciImageConfig, write_image
-from envbuild.build.layers import (
-    Compression,
-    open_uncompressed,
-    write_layer,
-)
+from envbuild.build.layers import Compression, write_layer
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.errors import ExitCode, IntegrityError, ManifestError, ToolFailed
+from envbuild.errors import ExitCode, IntegrityError, ManifestError, ToolFailed, UnsafeArchive
 from envbuild.lock.model import ImageBaseLock, OciLayoutBaseLock, RootfsBaseLock
+from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 
 

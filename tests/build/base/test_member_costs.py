@@ -16,7 +16,8 @@ import pytest
 
 from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import scan
-from envbuild.build.base.tarsafe import PATH_MAX, Limits, Tree, UnsafeArchive
+from envbuild.build.base.tarsafe import PATH_MAX, Limits, Tree
+from envbuild.errors import UnsafeArchive
 from envbuild.store.core import Store
 
 from .tarcheck import pax_member, pax_tar

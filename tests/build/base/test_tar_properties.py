@@ -25,11 +25,12 @@ from envbuild.build.base import rootfs
 from envbuild.build.base.tarread import safe_extract
 from envbuild.build.base.tarsafe import Limits, Tree
 from envbuild.build.image import OciImageConfig, write_image
-from envbuild.build.layers import Compression, Layer, open_uncompressed
+from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
 from envbuild.oci import OCI_MANIFEST
+from envbuild.oci.compression import open_uncompressed
 from envbuild.store.core import Store
 
 from .tarcheck import (

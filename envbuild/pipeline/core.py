@@ -42,7 +42,13 @@ from envbuild.build.manifest import BaseResult, BuildManifest, stored_layer
 from envbuild.build.outputs import Contents, Sbom, lock_output, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
-from envbuild.build.planner import (
+from envbuild.build.sbom import image_sbom
+from envbuild.build.stages import Layers, Lower, Made, Wheels, stage, stage_times
+from envbuild.engine import ContainerEngine, DockerEngine
+from envbuild.lock.base import spec_path
+from envbuild.lock.core import find_lock
+from envbuild.lock.model import Lock
+from envbuild.pipeline.planner import (
     COMPRESSION,
     compression_of,
     load_lock,
@@ -50,11 +56,6 @@ from envbuild.build.planner import (
     plan_target,
     wheel_refs,
 )
-from envbuild.build.sbom import image_sbom
-from envbuild.build.stages import Layers, Lower, Made, Wheels, stage, stage_times
-from envbuild.engine import ContainerEngine, DockerEngine
-from envbuild.lock import Lock, find_lock
-from envbuild.lock.base import spec_path
 from envbuild.sourcebuild.builder import Builder, HostBuilder
 from envbuild.sourcebuild.sources import SourceOutcome, SourcesResult, realize_sources
 from envbuild.spec import LoadedSpec

@@ -1,22 +1,47 @@
 """Choosing the lock's wheels for the image: per locked package that applies to the image's
 CPython and platform (its markers), the wheel whose tag the target accepts best.
 
-Input: a lock; output: :class:`~envbuild.build.install.WheelRef` per package, in name order.
+Input: a lock; output: :class:`~envbuild.lock.wheels.WheelRef` per package, in name order.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from packaging.markers import InvalidMarker, Marker
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from envbuild.build.install import WheelRef
 from envbuild.errors import ManifestError
 from envbuild.lock.model import Lock
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class WheelRef:
+    """One locked wheel: what to install and how to check it."""
+
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    size: int
+
+    @property
+    def canonical(self) -> str:
+        return canonicalize_name(self.name)
+
+    def key(self) -> dict[str, object]:
+        return {
+            "name": self.canonical,
+            "version": self.version,
+            "filename": self.filename,
+            "sha256": self.sha256,
+            "size": self.size,
+        }
 
 
 def target_tags(python_version: str, platform: str) -> list[Tag]:

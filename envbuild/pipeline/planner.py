@@ -12,10 +12,9 @@ import logging
 
 from packaging.utils import canonicalize_name
 
-from envbuild import proc
 from envbuild.build import image, layers
 from envbuild.build.config import image_config
-from envbuild.build.install import INSTALL_FORMAT, VenvTarget, WheelRef
+from envbuild.build.install import INSTALL_FORMAT
 from envbuild.build.plan import (
     IMAGE_BASE_LAYERS,
     LayerKind,
@@ -28,11 +27,15 @@ from envbuild.build.plan import (
     layer_plan,
     shared_inputs,
 )
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import UserError
 from envbuild.fsio import sha256_file
-from envbuild.lock import Lock, find_lock, read_lock
+from envbuild.installed.venv import VenvTarget
+from envbuild.lock.core import find_lock
+from envbuild.lock.io import read_lock
+from envbuild.lock.model import Lock
+from envbuild.lock.wheels import WheelRef, select_wheels
 from envbuild.oci import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
+from envbuild.proc import core as proc
 from envbuild.sourcebuild.requests import describe
 from envbuild.spec import LoadedSpec
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, NamedTuple, TypeVar
 
-from envbuild import proc
+from envbuild.proc import core as proc
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from envbuild.build.install import VenvTarget
 from envbuild.errors import InputFileError
+from envbuild.installed.venv import VenvTarget
 
 log = logging.getLogger(__name__)
 

@@ -24,17 +24,19 @@ from typing import Any
 import jinja2
 from packaging.utils import canonicalize_name
 
-from envbuild import proc, templates
 from envbuild.build.config import image_config
 from envbuild.build.manifest import MANIFEST_FILE, BuildManifest
-from envbuild.build.planner import load_lock
-from envbuild.build.wheels import select_wheels
 from envbuild.errors import ManifestError, UserError
 from envbuild.fsio import atomic_writer, write_atomic
-from envbuild.lock import Lock, find_lock
-from envbuild.lock.model import DebianBaseLock, ImageBaseLock
+from envbuild.lock.core import find_lock
+from envbuild.lock.model import DebianBaseLock, ImageBaseLock, Lock
+from envbuild.lock.wheels import select_wheels
+from envbuild.pipeline.planner import load_lock
+from envbuild.proc import core as proc
+from envbuild.sourcebuild.audit import Audit
 from envbuild.spec import LoadedSpec
 from envbuild.store.core import Store
+from envbuild.templates import core as templates
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +179,7 @@ def store_wheels(
     out: dict[str, StoreWheel] = {}
     for b in manifest.source_builds:
         flags = " ".join(f"{k}={v}" for k, v in sorted(b.flags.items()))
-        sass = ", ".join(b.audit_sass()) or "none"
+        sass = ", ".join(Audit.model_validate(b.audit).sass) or "none"
         note = (
             f"built from {b.sdist['name']} (source build {b.key[:12]}) with {flags or 'no flags'}; "
             f"MAX_JOBS {b.max_jobs}; audit SASS {sass}"

@@ -26,12 +26,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from envbuild import scratch
-from envbuild.build.fetch import open_url
-from envbuild.build.install import WheelRef
-from envbuild.build.wheels import marker_env, select_wheels
 from envbuild.errors import EnvironmentFailure, IntegrityError, ManifestError
 from envbuild.fsio import atomic_writer, sha256_file
+from envbuild.lock.index import open_url
 from envbuild.lock.model import Lock
+from envbuild.lock.wheels import WheelRef, marker_env, select_wheels
 
 log = logging.getLogger(__name__)
 

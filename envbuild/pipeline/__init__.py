@@ -1,0 +1,1 @@
+"""envbuild.pipeline: see the modules."""
