@@ -1,4 +1,4 @@
-"""How long apply takes to realise a generation from a committed lock, and to check one again.
+"""How long apply takes to realize a generation from a committed lock, and to check one again.
 
 ``python3 bench/apply.py --cli [A B]``: the whole ``envbuild apply`` process as a user runs it
 (``/usr/bin/time``), A then B (the second experiment) in one root and store, B into a second
@@ -7,7 +7,7 @@ tiny model from a local hub instead of its placeholder revision, on fake GPUs (N
 
 ``python3 bench/apply.py --shared [--before DIR] [A B]`` instead (default kimi-k25-int4 then
 minimax-m25-fp8, which share every distribution): plain ``uv pip sync`` of B, copying and
-hard-linking, DIR's own ``realise`` of B (another checkout: today's generation), then
+hard-linking, DIR's own ``realize`` of B (another checkout: today's generation), then
 generation A and generation B in one state dir and one store, and the full check of B. Each
 step gets an empty uv cache of its own (uv 0.13 downloads a pylock's wheels again on every sync,
 so a shared cache only fills the disk); the new disk is the file system's free space before and
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import wholeproc
 
-from envbuild.apply.builder import find_reusable, realise
 from envbuild.apply.generations import remove_tree
 from envbuild.apply.inputs import from_spec
 from envbuild.apply.paths import Paths
+from envbuild.apply.realize import find_reusable, realize
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = ["specs/quickstart.toml", "specs/kimi-k25-int4.toml"]
@@ -55,7 +55,7 @@ def one(spec: str, work: Path) -> str:
     for label in ("cold", "warm"):
         paths = Paths(work / f"root-{label}")
         start = time.perf_counter()
-        gen = realise(paths, inp, {}).generation
+        gen = realize(paths, inp, {}).generation
         times[label] = time.perf_counter() - start
     start = time.perf_counter()
     found = find_reusable(paths, gen.meta.content_hash)
@@ -117,22 +117,25 @@ def plain_install(venv: Path, lock: Path, mode: str, python: str) -> None:
 BEFORE = """
 import sys, time
 from pathlib import Path
-from envbuild.apply.builder import realise
+try:
+    from envbuild.apply.realize import realize
+except ImportError:  # a checkout from before issue #27's renames
+    from envbuild.apply.builder import realise as realize  # renames: keep
 from envbuild.apply.inputs import from_spec
 from envbuild.apply.paths import Paths
-realise(Paths(sys.argv[2]), from_spec(sys.argv[1]), {})
+realize(Paths(sys.argv[2]), from_spec(sys.argv[1]), {})
 """
 
 
 def before_install(tree: Path, spec: str, root: Path) -> None:
-    """``realise`` of another checkout (``--before``: today's generation, for the same run)."""
+    """``realize`` of another checkout (``--before``: today's generation, for the same run)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", BEFORE, str(tree / spec), str(root)],
         check=False, env=env, capture_output=True, text=True, cwd=tree,
     )  # fmt: skip
     if done.returncode:
-        raise SystemExit(f"--before realise failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"--before realize failed:\n{done.stderr[-2000:]}")
 
 
 def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
@@ -161,7 +164,7 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
         print(f"| today's generation of {second.name} ({rev}: copied, every file hashed) | "
               f"{t:.1f} | {d:.0f} |", flush=True)  # fmt: skip
         remove_tree(work / "before-root")
-    gen_a, t, d = timed(lambda: realise(paths, first, {}, store=store).generation, work, 2)
+    gen_a, t, d = timed(lambda: realize(paths, first, {}, store=store).generation, work, 2)
     print(f"| first generation ({first.name}, its trees made) | {t:.1f} | {d:.0f} |", flush=True)
     from envbuild.apply.core import _link_report
 
@@ -169,7 +172,7 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
     _link_report(gen_a, first.spec)
     took = time.perf_counter() - start
     print(f"| link check of generation {gen_a.number} (empty link-check cache) | {took:.1f} | |")
-    gen_b, t, d = timed(lambda: realise(paths, second, {}, store=store).generation, work, 3)
+    gen_b, t, d = timed(lambda: realize(paths, second, {}, store=store).generation, work, 3)
     print(f"| second generation ({second.name}, sharing) | {t:.1f} | {d:.0f} |", flush=True)
     start = time.perf_counter()
     _link_report(gen_b, second.spec)
@@ -193,7 +196,7 @@ def shared(a: str, b: str, work: Path, before: Path | None = None) -> None:
 
 
 def first_pair(spec: str, before: Path, work: Path, rounds: int) -> None:
-    """A first generation of ``spec`` by ``before``'s realise and by this checkout's,
+    """A first generation of ``spec`` by ``before``'s realize and by this checkout's,
     alternating, each in a process of its own with an empty uv cache, store and root."""
     print("| round | checkout | wall (s) | new disk (MB), uv cache included |")
     print("|---|---|---:|---:|")

@@ -4,7 +4,7 @@
     python bench/flashattn.py record [--store DIR]
 
 ``build`` realizes the spec's flash-attn derivation with
-:func:`envbuild.sourcebuild.realise.realize` and
+:func:`envbuild.sourcebuild.realize.realize` and
 the host builder, exactly as ``envbuild build`` does, except that ``MAX_JOBS`` is left to
 envbuild's memory model (``--max-jobs N`` pins it instead): ``MAX_JOBS`` and ``NVCC_THREADS`` are
 not inputs of the derivation key, so the wheel is stored under the very key glm5-gguf's build has.
@@ -167,7 +167,7 @@ def _request(spec: Path, max_jobs: int | None) -> Any:
 
 def build(args: argparse.Namespace) -> int:
     from envbuild.sourcebuild.builder import HostBuilder
-    from envbuild.sourcebuild.realise import realize
+    from envbuild.sourcebuild.realize import realize
     from envbuild.store.core import Store
 
     OUT.mkdir(exist_ok=True)
@@ -429,7 +429,7 @@ def record(args: argparse.Namespace) -> int:
         elif args.cache_hit:
             _, req = _request(args.spec, None)
             from envbuild.sourcebuild.builder import HostBuilder
-            from envbuild.sourcebuild.realise import realize
+            from envbuild.sourcebuild.realize import realize
 
             t = time.monotonic()
             again = realize(req, HostBuilder("3.11"), store)

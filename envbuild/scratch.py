@@ -198,7 +198,7 @@ def temp_dir(kind: str) -> Iterator[Path]:
     runs and removed after it; first the ones killed runs left are removed."""
     if kind not in TEMP_KINDS:
         raise ValueError(f"not a known temporary folder kind: {kind!r}")
-    with _locked(_kind_root(kind), f"{PREFIX}{kind}") as path:
+    with _guarded(_kind_root(kind), f"{PREFIX}{kind}") as path:
         yield path
 
 
@@ -207,15 +207,15 @@ def beside(dest: Path, kind: str) -> Iterator[Path]:
     """A fresh folder ``.<dest's name>.<kind>*`` next to ``dest`` (on its file system, to be
     renamed into place), locked like :func:`temp_dir`'s; what a killed run left beside the same
     ``dest`` is removed by the next one (``gc`` cannot know where such folders are)."""
-    with _locked(dest.parent, f".{dest.name}.{kind}") as path:
+    with _guarded(dest.parent, f".{dest.name}.{kind}") as path:
         yield path
 
 
-def locked_folder(parent: Path, prefix: str) -> contextlib.AbstractContextManager[Path]:
+def guarded_folder(parent: Path, prefix: str) -> contextlib.AbstractContextManager[Path]:
     """A fresh folder ``<parent>/<prefix>*``, locked while the block runs and removed after it;
     first the ones killed runs left there with this prefix are removed (the store's scratch
     space uses this)."""
-    return _locked(parent, prefix)
+    return _guarded(parent, prefix)
 
 
 def sweep_folders(parent: Path, prefixes: tuple[str, ...]) -> int:
@@ -225,7 +225,7 @@ def sweep_folders(parent: Path, prefixes: tuple[str, ...]) -> int:
 
 
 @contextlib.contextmanager
-def _locked(parent: Path, prefix: str) -> Iterator[Path]:
+def _guarded(parent: Path, prefix: str) -> Iterator[Path]:
     _sweep(parent, (prefix,))
     try:
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))

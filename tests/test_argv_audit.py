@@ -55,7 +55,7 @@ INVENTORY: dict[str, tuple[int, str]] = {
     ),
     "build/base/debian.py:_mmdebstrap_version": (1, ""),
     "build/base/registry.py:_raw_manifest": (1, "base.ref as docker://REF@DIGEST"),
-    "build/base/registry.py:pull.builder": (1, "base.ref as docker://REF@DIGEST"),
+    "build/base/registry.py:pull.produce": (1, "base.ref as docker://REF@DIGEST"),
     "build/install.py:install": (1, "python.version, python.platform as --opt="),
     "build/layers.py:_tool_version": (1, ""),
     "build/layers.py:_write": (1, ""),
@@ -181,13 +181,13 @@ class _Recorder:
 
 def _lock_argvs(loaded: LoadedSpec, tmp: Path) -> None:
     from envbuild.lock.resolve import _compile
+    from envbuild.lock.resolvetarget import build_names, requirements_of, resolve_target_of
     from envbuild.lock.sdist import SdistMetadata
-    from envbuild.lock.target import build_names, requirements_of, target_of
 
     names = build_names(loaded)
     versions = {n: b.version for n, b in loaded.spec.builds.items()}
     empty = {n: SdistMetadata([], None) for n in names}
-    target = target_of(loaded)
+    target = resolve_target_of(loaded)
     _compile(target, requirements_of(loaded), names, versions, empty, "x", no_deps=False)
 
 

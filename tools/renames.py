@@ -159,7 +159,7 @@ RULES: tuple[Rule, ...] = (
     Module("envbuild/lock/target.py", "envbuild/lock/resolvetarget.py"),
     Name("Target", "ResolveTarget", ("envbuild/lock/*", "tests/*", "bench/*")),
     Name("target_of", "resolve_target_of", ("envbuild/lock/*", "tests/test_argv_audit.py")),
-    Name("target_of", "venv_target_of", ("envbuild/build/planner.py",)),
+    Name("target_of", "venv_target_of", ("envbuild/pipeline/planner.py",)),
     Name("TargetGpu", "SpecGpu", text=True),
     Name("target_gpus", "spec_gpus", text=True),
     # layout: the install recipe (OCI layouts keep the word)

@@ -70,7 +70,7 @@ class Assembled:
     own: list[str] = field(default_factory=list)
 
 
-def layout(python: str, installer: str) -> dict[str, Any]:
+def install_recipe(python: str, installer: str) -> dict[str, Any]:
     """What, besides the wheel, decides an installed tree's bytes."""
     # "folders": trees record the empty folders a wheel ships (trees made before did not, so
     # they have other keys and are made again rather than linked without those folders)
@@ -108,7 +108,7 @@ class Assembler:
         self.store = store
         self.trees = Trees(store)
         self.python = python
-        self.layout = layout(python, proc.uv_version())
+        self.recipe = install_recipe(python, proc.uv_version())
 
     def assemble(
         self, venv: Path, install_lock: Path, overlaps: Mapping[str, str] | None = None
@@ -124,7 +124,7 @@ class Assembler:
         known: dict[str, TreeManifest] = {}
         todo = []
         for pkg in packages:
-            key = choice_key(pkg, self.python, interp, self.layout)
+            key = choice_key(pkg, self.python, interp, self.recipe)
             drv = self.store.lookup(key)
             manifest = self._usable(drv.meta.get("tree")) if drv is not None else None
             if drv is None or manifest is None:
@@ -302,7 +302,7 @@ class Assembler:
     ) -> tuple[TreeManifest, str]:
         candidates = _wheels(pkg)
         wheel = chosen_wheel(candidates, tags)
-        key = tree_key(wheel, self.layout, [sha for _n, sha in candidates])
+        key = tree_key(wheel, self.recipe, [sha for _n, sha in candidates])
         digests = {rel: hashed[rel] for rel in files}
         as_published = [
             rel
@@ -319,14 +319,14 @@ class Assembler:
             self.trees.remove(key)  # its choice record was lost or it failed its check
         manifest = self.trees.create(
             key,
-            TreeOf(dist, version, wheel, self.layout),
+            TreeOf(dist, version, wheel, self.recipe),
             sources={rel: f"{venv}/{rel}" for rel in files},
             digests=digests,
             shared=shared & set(files),
             as_published=as_published,
             dirs=dirs,
         )
-        inputs = _choice_inputs(pkg, self.python, interp, self.layout)
+        inputs = _choice_inputs(pkg, self.python, interp, self.recipe)
         drv = self.store.record(CHOICE, inputs, {}, {"tree": key, "wheel": wheel})
         return manifest, drv.key
 

@@ -1,4 +1,4 @@
-"""``envbuild apply``: preflight, realise the generation, fetch the model, switch, record.
+"""``envbuild apply``: preflight, realize the generation, fetch the model, switch, record.
 
 One function, :func:`apply`, runs the stages in order under the state lock and returns an
 :class:`ApplyOutcome`. Nothing on the machine changes before preflight passes; nothing the
@@ -20,14 +20,6 @@ from envbuild.apply import fromimage
 from envbuild.apply import generations as gens
 from envbuild.apply import journal as jn
 from envbuild.apply import unit as units
-from envbuild.apply.builder import (
-    Found,
-    Realised,
-    find_reusable,
-    generation_hash,
-    realise,
-    repair,
-)
 from envbuild.apply.checks import PreflightReport
 from envbuild.apply.host import HostAccess
 from envbuild.apply.imagesource import ImageSource, check_image
@@ -38,6 +30,14 @@ from envbuild.apply.modelcache import ModelResult
 from envbuild.apply.modelcache import fetch as fetch_model
 from envbuild.apply.paths import Paths
 from envbuild.apply.preflight import LinkResult, PreflightInput, run_preflight
+from envbuild.apply.realize import (
+    Found,
+    RealizedGeneration,
+    find_reusable,
+    generation_hash,
+    realize,
+    repair,
+)
 from envbuild.apply.record import write_snapshot
 from envbuild.apply.servecheck import (
     ModelCheck,
@@ -46,7 +46,7 @@ from envbuild.apply.servecheck import (
     check_model,
     serve_args,
 )
-from envbuild.apply.statelock import state_lock
+from envbuild.apply.stateguard import state_guard
 from envbuild.apply.switch import Recovery, SwitchResult, recover, switch
 from envbuild.apply.venv import python_available
 from envbuild.apply.wheels import wanted
@@ -148,7 +148,7 @@ def apply(
     paths, services = host.paths, host.services
     # A dry run changes nothing, not even the lock file or a killed apply's leftovers.
     guard: AbstractContextManager[None] = (
-        nullcontext() if options.dry_run else state_lock(paths, wait=options.wait)
+        nullcontext() if options.dry_run else state_guard(paths, wait=options.wait)
     )
     with guard:
         recovered = None
@@ -225,22 +225,22 @@ def apply(
             return outcome
 
         if found is not None and found.generation is not None:
-            realised = Realised(found.generation, True, found.rejected)
+            realized = RealizedGeneration(found.generation, True, found.rejected)
         elif image is not None:
-            realised = fromimage.realise(paths, inp, image, host.store, found)
+            realized = fromimage.realize(paths, inp, image, host.store, found)
         else:
-            realised = realise(paths, inp, host.wheels.provide(inp), found=found, store=host.store)
+            realized = realize(paths, inp, host.wheels.provide(inp), found=found, store=host.store)
         if image is not None:
             outcome.image = {"image": image.name, **image.traffic.as_dict()}
-        _record_build(outcome, realised)
+        _record_build(outcome, realized)
         if unit is not None and parsed is None:
             # vLLM's own parser on the exact command, before the model download and the switch
-            parsed = _refuse_unparsable(realised.generation, spec, paths, host.store)
+            parsed = _refuse_unparsable(realized.generation, spec, paths, host.store)
         if linked is None:
             # the link check of the venv just built, before the model download and the switch
-            check_links(realised.generation, spec)
+            check_links(realized.generation, spec)
         # a store root keeps the wheels its wheels/ links name through `envbuild gc`
-        host.wheels.keep(realised.generation)
+        host.wheels.keep(realized.generation)
         if spec.model is not None:
             # every repo the unit reads, at its own pinned commit, before an offline unit starts
             fetched = [fetch_model(paths.hf_hub_cache, repo) for repo in spec.model.repos()]
@@ -248,8 +248,8 @@ def apply(
             if unit is not None and parsed is not None:
                 # the locked code's own model recognition on the exact command: it must load
                 # what was just fetched (before the switch stops the running service)
-                refuse_unloadable(realised.generation, spec, paths, parsed, fetched, host.store)
-        target = realised.generation
+                refuse_unloadable(realized.generation, spec, paths, parsed, fetched, host.store)
+        target = realized.generation
         if drift is None and current is not None and current.number == target.number:
             drift = _service_drift(paths, current, spec)  # known only now that it is built
         if (
@@ -468,8 +468,8 @@ def _reusable(host: HostAccess, inp: ApplyInput) -> Found | None:
     return find_reusable(paths, generation_hash(paths, inp, wheels), store=host.store)
 
 
-def _record_build(outcome: ApplyOutcome, realised: Realised) -> None:
-    outcome.generation = realised.generation.number
-    outcome.generation_path = str(realised.generation.path)
-    outcome.reused = realised.reused
-    outcome.rejected = [c.as_dict() for c in realised.rejected]
+def _record_build(outcome: ApplyOutcome, realized: RealizedGeneration) -> None:
+    outcome.generation = realized.generation.number
+    outcome.generation_path = str(realized.generation.path)
+    outcome.reused = realized.reused
+    outcome.rejected = [c.as_dict() for c in realized.rejected]

@@ -37,10 +37,10 @@ from envbuild.apply import generations as gens
 from envbuild.apply import shared
 from envbuild.apply import unit as units
 from envbuild.apply import venv as venvs
-from envbuild.apply.builder import Found, Realised, find_reusable, interpreter_of
 from envbuild.apply.imagesource import ImageLayer, ImageSource, fetch_blob
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.paths import Paths
+from envbuild.apply.realize import Found, RealizedGeneration, find_reusable, interpreter_of
 from envbuild.build.base.tarread import each_member, located, open_stream, open_tar
 from envbuild.build.base.tarsafe import Tree
 from envbuild.errors import EnvironmentFailure, IntegrityError, UserError
@@ -189,14 +189,14 @@ def reusable(paths: Paths, inp: ApplyInput, src: ImageSource, store: Store) -> F
     return find_reusable(paths, generation_hash(paths, inp, src), store=store)
 
 
-def realise(
+def realize(
     paths: Paths, inp: ApplyInput, src: ImageSource, store: Store, found: Found | None = None
-) -> Realised:
+) -> RealizedGeneration:
     """Reuse the generation of this image that still verifies, or make one from its layers."""
     found = found or reusable(paths, inp, src, store)
     if found.generation is not None:
-        return Realised(found.generation, True, found.rejected)
-    return Realised(build(paths, inp, src, Store(store.root)), False, found.rejected)
+        return RealizedGeneration(found.generation, True, found.rejected)
+    return RealizedGeneration(build(paths, inp, src, Store(store.root)), False, found.rejected)
 
 
 def build(paths: Paths, inp: ApplyInput, src: ImageSource, store: Store) -> gens.Generation:

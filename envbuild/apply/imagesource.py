@@ -1,5 +1,5 @@
 """The image ``apply --image``/``--from`` takes its venv from, read from the registry as far as
-its manifest and config, both verified (:mod:`envbuild.apply.fromimage` realises its layers).
+its manifest and config, both verified (:mod:`envbuild.apply.fromimage` realizes its layers).
 
 ``--image REGISTRY/REPO@sha256:…`` names it; ``--from REGISTRY/REPO`` finds the image built from
 the spec and lock being applied by the labels the build writes (``dev.envbuild.spec-hash``,

@@ -15,7 +15,7 @@ from envbuild.apply.host import HostAccess
 from envbuild.apply.integrity import GenerationCheck, check_generation, installed_unit_problems
 from envbuild.apply.paths import Paths
 from envbuild.apply.services import ServiceManager
-from envbuild.apply.statelock import state_lock
+from envbuild.apply.stateguard import state_guard
 from envbuild.apply.switch import Recovery, SwitchResult, generation_spec, recover, switch
 from envbuild.apply.wheels import WheelProvider
 from envbuild.errors import (
@@ -107,7 +107,7 @@ def recover_pending(
     if not host.paths.journal.exists():
         return None
     try:
-        with state_lock(host.paths, wait=wait, what="recover"):
+        with state_guard(host.paths, wait=wait, what="recover"):
             return recover(host.paths, host.services)
     except Busy as exc:
         if not busy_ok:
@@ -155,7 +155,7 @@ def rollback(
     A switch cut short is undone first; if it was an apply and no ``to`` is given, that undo is
     the rollback (the generation before it is current again) and nothing more is switched."""
     paths = host.paths
-    with state_lock(paths, wait=wait, what="rollback"):
+    with state_guard(paths, wait=wait, what="rollback"):
         recovered = recover(paths, host.services)
         if (
             recovered is not None
@@ -264,7 +264,7 @@ def gc(
     install trees of ``store`` that no generation links any more go too."""
     if keep < 0:
         raise UserError("--keep must be 0 or more")
-    with state_lock(paths, wait=wait, what="gc"):
+    with state_guard(paths, wait=wait, what="gc"):
         if not dry_run:
             gens.remove_leftovers(paths)
         if paths.journal.exists() and not dry_run:

@@ -48,7 +48,7 @@ class Paths:
         return self.state / "current"
 
     @property
-    def lock(self) -> Path:
+    def guard_file(self) -> Path:
         return self.state / "lock"
 
     @property

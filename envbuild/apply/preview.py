@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from envbuild.apply import generations as gens
 from envbuild.apply import unit as units
-from envbuild.apply.builder import find_reusable, generation_hash
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.paths import Paths
+from envbuild.apply.realize import find_reusable, generation_hash
 from envbuild.apply.wheels import WheelProvider, wanted
 from envbuild.errors import UserError
 from envbuild.store.core import Store

@@ -100,8 +100,8 @@ class IndexOnly(WheelProvider):
 
 class StoreWheels(WheelProvider):
     """Source builds (built on this machine's host) and patched wheels, kept in envbuild's store
-    (with a remote cache in front of it, a :class:`~envbuild.store.remote.CachedStore`), realised
-    as ``envbuild build`` realises them (:mod:`envbuild.sourcebuild.sources`)."""
+    (with a remote cache in front of it, a :class:`~envbuild.store.remote.CachedStore`), realized
+    as ``envbuild build`` realizes them (:mod:`envbuild.sourcebuild.sources`)."""
 
     def __init__(self, store: Store | None = None) -> None:
         self._store = store

@@ -71,12 +71,12 @@ def _debian_resolution(
         "exclude_newer": locked.exclude_newer.isoformat(),
     }
 
-    def builder() -> Output:
+    def produce() -> Output:
         compression, sde = packing
         resolved = debian.resolve(store, spec_base, compression=compression, sde=sde)
         data = canonical_json(resolved.model_dump(mode="json", by_alias=True)).encode()
         return Output(outputs={"lock": store.add_bytes(data)})
 
-    drv = store.build("debian-resolution", inputs, builder).drv
+    drv = store.realize("debian-resolution", inputs, produce).drv
     kept.append(drv.key)
     return DebianBaseLock.model_validate_json(store.read_blob(drv.outputs["lock"]))

@@ -122,7 +122,7 @@ def build_layer(layer: PlanLayer, inputs: LayerInputs) -> tuple[BuiltLayer, bool
     names = [d.name for d in layer.dists]
     left = {d: sorted(leaves[d]) for d in names if d in leaves}
 
-    def builder() -> Output:
+    def produce() -> Output:
         if missing := [inputs.by_sha[d.sha256] for d in layer.dists if d.sha256 not in blobs]:
             # the remote cache said it had this layer, then did not deliver it
             blobs.update(fetch_wheels(missing, store))
@@ -162,7 +162,7 @@ def build_layer(layer: PlanLayer, inputs: LayerInputs) -> tuple[BuiltLayer, bool
             meta={**packed.model_dump(mode="json"), "leaves_out": left},
         )
 
-    realized = store.build("layer", layer.inputs, builder)
+    realized = store.realize("layer", layer.inputs, produce)
     meta = realized.drv.meta
     return (
         BuiltLayer(

@@ -45,7 +45,7 @@ def link_check(loaded: LoadedSpec, plan: Plan, base: BaseResult, wheels: LayerIn
         "format": LINKCHECK_FORMAT,
     }
 
-    def builder() -> Output:
+    def produce() -> Output:
         if missing := [by_sha[s] for s in dists if s not in blobs and s in by_sha]:
             blobs.update(fetch_wheels(missing, store))
         wheels = [Wheel(d.name, d.version, blobs[s], s) for s, d in sorted(dists.items())]
@@ -70,7 +70,7 @@ def link_check(loaded: LoadedSpec, plan: Plan, base: BaseResult, wheels: LayerIn
             outputs={"report": store.add_bytes(canonical_json(report.as_dict()).encode())}
         )
 
-    drv = store.build("links", inputs, builder).drv
+    drv = store.realize("links", inputs, produce).drv
     data = json.loads(store.read_blob(drv.outputs["report"]))
     accept = loaded.spec.image.link_findings
     found = [linkcheck.Finding.from_dict(f) for f in data["findings"]]

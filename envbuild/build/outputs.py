@@ -8,7 +8,7 @@ SBOM and the docker archive, then ``oci/index.json``, and the manifest last of a
 atomically. A build killed on the way leaves a folder without a manifest, which no later build
 calls current, ``envbuild load`` refuses (the folder or any file in it), and in which nothing
 names an image that is not whole. Builds into one folder take turns by a lock in the folder
-itself (:func:`lock_output`), whichever store each uses. The store's root of the folder
+itself (:func:`guard_output`), whichever store each uses. The store's root of the folder
 (:func:`envbuild.store.core.output_root_name`) records the stat of every file written (git's
 index does the same for a work tree), so a no-op rebuild can tell without reading them that the
 folder still holds the very image: same manifest, same ``index.json``, every blob the store's
@@ -41,7 +41,7 @@ from envbuild.build.manifest import (
 from envbuild.build.plan import Plan
 from envbuild.errors import OutputError
 from envbuild.fsio import canonical_json, fsync_dir, write_atomic
-from envbuild.store.blobs import Flock
+from envbuild.store.blobs import FileGuard
 from envbuild.store.core import Root, Store, output_root_name
 from envbuild.store.stamps import file_stamp
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 OCI_DIR = "oci"
 #: The lock two builds into one folder take turns by (in the folder: their stores may differ).
-LOCK_FILE = ".envbuild.lock"
+GUARD_FILE = ".envbuild.lock"
 #: The image's CycloneDX SBOM beside its layout (:mod:`envbuild.build.sbom`).
 SBOM_FILE = "sbom.cdx.json"
 
@@ -145,7 +145,7 @@ def write_outputs(
         image=img.manifest_digest,
         outputs=outputs,
     )
-    # the caller holds lock_output(out) until the folder's root is written too
+    # the caller holds guard_output(out) until the folder's root is written too
     _sweep_temps(out)
     made = sbom(manifest) if sbom is not None else None
     referrers = [made.referrer] if made is not None else []
@@ -305,7 +305,7 @@ def _unchanged(out: Path, root: Root | None, manifest: BuildManifest) -> Callabl
     return unchanged
 
 
-def lock_output(out: Path) -> Flock:
+def guard_output(out: Path) -> FileGuard:
     """An exclusive lock on writing the output folder ``out`` (created when missing): builds
     into one folder take turns, whichever store each uses. The lock file is in the folder."""
     try:
@@ -315,7 +315,7 @@ def lock_output(out: Path) -> Flock:
             f"cannot write {out}: {exc.strerror or exc}",
             hint="check that the folder is writable, or choose another with --output",
         ) from exc
-    return Flock(out / LOCK_FILE, shared=False, what=f"another build into {out}")
+    return FileGuard(out / GUARD_FILE, shared=False, what=f"another build into {out}")
 
 
 #: What names an image in a folder, besides the manifest: removed with it, written after it all.

@@ -118,7 +118,7 @@ def overlap_report(
         "install_format": INSTALL_FORMAT,
     }
 
-    def builder() -> Output:
+    def produce() -> Output:
         blobs = fetch_wheels(wheels, store)
         files = {w.canonical: wheel_files(blobs[w.sha256], target) for w in wheels}
         resolved, remove = resolve_overlaps(find_overlaps(files), rules)
@@ -128,7 +128,7 @@ def overlap_report(
         }
         return Output(outputs={"report": store.add_bytes(canonical_json(report).encode())})
 
-    drv = store.build("overlaps", inputs, builder).drv
+    drv = store.realize("overlaps", inputs, produce).drv
     report = json.loads(store.read_blob(drv.outputs["report"]))
     leaves = {k: frozenset(v) for k, v in report["leaves_out"].items()}
     return list(report["overlaps"]), leaves, drv.key

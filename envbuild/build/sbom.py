@@ -325,7 +325,7 @@ def image_sbom(
             }
         )
 
-    drv = store.build("sbom", inputs, make).drv
+    drv = store.realize("sbom", inputs, make).drv
     data = store.read_blob(drv.outputs["sbom"])
     art = drv.outputs["manifest"]
     referrer = ocilayout.Referrer(

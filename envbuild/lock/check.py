@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from envbuild.fsio import sha256_file
 from envbuild.lock.base import lock_base
 from envbuild.lock.model import DebianBaseLock, EnvbuildLock, Lock, LockedPatch
-from envbuild.lock.target import Target, requirements_of
+from envbuild.lock.resolvetarget import ResolveTarget, requirements_of
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import SourceBuild
 
@@ -68,7 +68,7 @@ def patch_records(loaded: LoadedSpec) -> dict[str, list[LockedPatch]]:
     return out
 
 
-def compare(loaded: LoadedSpec, lock: Lock, target: Target) -> list[Change]:
+def compare(loaded: LoadedSpec, lock: Lock, target: ResolveTarget) -> list[Change]:
     """Every difference between ``loaded`` and ``lock``."""
     ours = lock.envbuild
     changes: list[Change] = []
@@ -91,7 +91,7 @@ def compare(loaded: LoadedSpec, lock: Lock, target: Target) -> list[Change]:
     return changes
 
 
-def _target(ours: EnvbuildLock, target: Target) -> list[Change]:
+def _target(ours: EnvbuildLock, target: ResolveTarget) -> list[Change]:
     out = []
     pairs = [
         ("python", target.python, ours.python),

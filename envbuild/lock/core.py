@@ -46,7 +46,7 @@ from envbuild.lock.model import (
 )
 from envbuild.lock.pin import BaseMode, BasePinner, PinnedBase
 from envbuild.lock.resolve import resolve
-from envbuild.lock.target import Target, requirements_of, target_of
+from envbuild.lock.resolvetarget import ResolveTarget, requirements_of, resolve_target_of
 from envbuild.spec import knowledge as kb
 from envbuild.spec.load import LoadedSpec
 
@@ -126,11 +126,11 @@ def find_lock(loaded: LoadedSpec) -> Path:
 
 
 def build_lock(
-    loaded: LoadedSpec, target: Target | None = None, *, base: BaseLock | None = None
+    loaded: LoadedSpec, target: ResolveTarget | None = None, *, base: BaseLock | None = None
 ) -> Lock:
     """Resolve ``loaded`` and assemble its :class:`Lock` (nothing is written). ``base`` replaces
     the base's entry taken from the spec (a Debian base with its resolved package set)."""
-    target = target or target_of(loaded)
+    target = target or resolve_target_of(loaded)
     resolution = resolve(loaded, target)
     envbuild = EnvbuildLock(
         format=LOCK_FORMAT,
@@ -196,7 +196,7 @@ def lock_spec(
     path = Path(output) if output is not None else lock_path(loaded)
     _check_writable(path)
     old, previous = _existing(path)
-    target = target_of(loaded)
+    target = resolve_target_of(loaded)
     if base is not None:
         pinned = PinnedBase(base, "given")
     else:
@@ -274,7 +274,7 @@ def check_lock(loaded: LoadedSpec, *, path: Path | None = None) -> LockCheck:
     except ManifestError as exc:
         result.changes.append(Change("unreadable", f"{exc.message}; {hint}"))
         return result
-    result.changes.extend(compare(loaded, lock, target_of(loaded)))
+    result.changes.extend(compare(loaded, lock, resolve_target_of(loaded)))
     if not result.changes and dumps(lock, spec_file=loaded.repo_path(loaded.path)).encode() != data:
         written = _format_of(data)
         if written is not None and written < LOCK_FORMAT:

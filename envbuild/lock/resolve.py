@@ -32,8 +32,8 @@ from envbuild import scratch
 from envbuild.errors import EnvironmentFailure, ResolutionFailed, ToolFailed
 from envbuild.hints import failure_hint
 from envbuild.lock.model import Hashes, LockedBuild, LockedFile, LockedPackage
+from envbuild.lock.resolvetarget import ResolveTarget, build_names, expand_url, requirements_of
 from envbuild.lock.sdist import SdistMetadata, sdist_metadata
-from envbuild.lock.target import Target, build_names, expand_url, requirements_of
 from envbuild.proc import core as proc
 from envbuild.spec.load import LoadedSpec
 
@@ -53,7 +53,7 @@ class Resolution:
     builds: list[LockedBuild]
 
 
-def resolve(loaded: LoadedSpec, target: Target) -> Resolution:
+def resolve(loaded: LoadedSpec, target: ResolveTarget) -> Resolution:
     """Resolve ``loaded`` for ``target``. Raises :class:`ResolutionFailed` (a user error) when uv
     proves the requirements unsatisfiable, :class:`ToolFailed` for any other uv failure."""
     requirements = requirements_of(loaded)
@@ -109,7 +109,7 @@ def resolve(loaded: LoadedSpec, target: Target) -> Resolution:
 
 
 def _compile(
-    target: Target,
+    target: ResolveTarget,
     requirements: Sequence[str],
     builds: Sequence[str],
     versions: Mapping[str, str],
@@ -194,7 +194,7 @@ def _explanation(stderr: str, secrets: Sequence[str | proc.Secret] = ()) -> str:
     return text
 
 
-def _write_project(work: Path, target: Target, requirements: Sequence[str]) -> None:
+def _write_project(work: Path, target: ResolveTarget, requirements: Sequence[str]) -> None:
     project: dict[str, Any] = {
         "project": {"name": "envbuild-lock-target", "version": "0", "dependencies": requirements}
     }
@@ -235,7 +235,7 @@ def _reveal(value: str | proc.Secret) -> str:
 # --- uv's pylock.toml -> our packages --------------------------------------------------------
 
 
-def parse_pylock(text: str, target: Target) -> list[LockedPackage]:
+def parse_pylock(text: str, target: ResolveTarget) -> list[LockedPackage]:
     """The packages of a pylock.toml that uv wrote, with file names filled in, credentials
     stripped from URLs, the index noted where it is certain, and a stable order."""
     try:

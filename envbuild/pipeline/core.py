@@ -39,7 +39,7 @@ from envbuild.build.fetch import fetch_wheels
 from envbuild.build.layerbuild import LayerInputs, build_layers
 from envbuild.build.links import link_check
 from envbuild.build.manifest import BaseResult, BuildManifest, stored_layer
-from envbuild.build.outputs import Contents, Sbom, lock_output, output_files, write_outputs
+from envbuild.build.outputs import Contents, Sbom, guard_output, output_files, write_outputs
 from envbuild.build.overlaps import overlap_report
 from envbuild.build.plan import Plan, PlanLayer, resolve_layer
 from envbuild.build.sbom import image_sbom
@@ -130,7 +130,7 @@ def build(
         with stage("links", timings):
             links = link_check(loaded, plan, low.base, low.wheels.inputs)
         # two builds into one folder take turns, each writing the folder and then its root
-        with lock_output(out):
+        with guard_output(out):
             noop.forget(store.root, before.request)  # written again once the folder is whole
             with stage("image", timings):
                 made = _image(plan, lock, store, low, built, sources, out, docker_archive)

@@ -56,7 +56,7 @@ def load_lock(loaded: LoadedSpec) -> tuple[Lock, str]:
     return lock, sha256_file(path)
 
 
-def target_of(loaded: LoadedSpec, lock: Lock) -> VenvTarget:
+def venv_target_of(loaded: LoadedSpec, lock: Lock) -> VenvTarget:
     """The image's venv and interpreter (the spec) for the locked Python and platform."""
     py = loaded.spec.python
     return VenvTarget(
@@ -99,7 +99,7 @@ def make_plan(
     ``compressor`` does (see :func:`pack_options`)."""
     spec = loaded.spec
     meta = lock.envbuild
-    target = target_of(loaded, lock)
+    target = venv_target_of(loaded, lock)
     builds = {canonicalize_name(b.name): b for b in meta.builds}
     wheels = select_wheels(lock, skip=frozenset(builds))
     installer = installer or proc.uv_version()

@@ -1,1 +1,1 @@
-"""Source builds: requests, realising, builders, toolchain, patches, the device-code audit."""
+"""Source builds: requests, realizing, builders, toolchain, patches, the device-code audit."""

@@ -1,6 +1,6 @@
 """Where a source build runs: on the host, or in a builder container.
 
-A :class:`Builder` does two things for :mod:`envbuild.sourcebuild.realise`: it reports the
+A :class:`Builder` does two things for :mod:`envbuild.sourcebuild.realize`: it reports the
 toolchain a build
 would use (:meth:`Builder.probe`: Python, gcc, g++, nvcc versions — inputs of the derivation key),
 and it turns an sdist into a wheel (:meth:`Builder.build`), returning the exit status and the whole

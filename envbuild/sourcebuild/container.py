@@ -174,7 +174,7 @@ class ContainerBuilder(Builder):
             data = line.removeprefix(prefix).encode()
             return Output(outputs={"probe": self.store.add_bytes(data)})
 
-        drv = self.store.build(PROBE_KIND, inputs, run).drv
+        drv = self.store.realize(PROBE_KIND, inputs, run).drv
         found: dict[str, Any] = json.loads(self.store.read_blob(drv.outputs["probe"]))
         for tool in ("gcc", "g++"):
             if not found.get(tool):

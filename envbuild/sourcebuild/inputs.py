@@ -98,7 +98,7 @@ def inputs_of(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -
 
 def build_key(req: SourceBuildRequest, toolchain: Toolchain, builder: Builder) -> str:
     """The store key of ``req`` built with ``toolchain`` by ``builder``: the source-build
-    derivation of :func:`inputs_of` (what :func:`envbuild.sourcebuild.realise.realize` builds
+    derivation of :func:`inputs_of` (what :func:`envbuild.sourcebuild.realize.realize` builds
     under, and what the store, its remote cache or a plan is asked about)."""
     return derivation_key(KIND, inputs_of(req, toolchain, builder))
 

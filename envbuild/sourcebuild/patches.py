@@ -310,7 +310,7 @@ SHORT = 10
 
 
 class PatchResult(_Model):
-    """A realised patch derivation: its key, whether it was reused, the stored wheel."""
+    """A realized patch derivation: its key, whether it was reused, the stored wheel."""
 
     key: str
     reused: bool
@@ -377,7 +377,7 @@ def realize_patch(
             digest = store.add_file(tmp / patched.wheel)
         return Output(outputs={"wheel": digest}, meta={"patched": patched.model_dump()})
 
-    realized = store.build(KIND, inputs, build)
+    realized = store.realize(KIND, inputs, build)
     drv = realized.drv
     return PatchResult(
         key=drv.key,

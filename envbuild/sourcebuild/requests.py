@@ -2,7 +2,7 @@
 
 :func:`build_requests` turns each ``[builds]`` entry, with the lock's sdist, torch wheel and
 target, into a :class:`SourceBuildRequest` (the input of
-:func:`envbuild.sourcebuild.realise.realize`); :func:`patch_sets` turns ``[patches]``, with the
+:func:`envbuild.sourcebuild.realize.realize`); :func:`patch_sets` turns ``[patches]``, with the
 lock's patch digests, into the input of :func:`envbuild.sourcebuild.patches.realize_patch`.
 A request's ``constraints`` are the build venv's locked pins
 (:mod:`envbuild.lock.closure`). :func:`describe` says what those derivations will be

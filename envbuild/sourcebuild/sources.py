@@ -1,7 +1,7 @@
-"""Source builds and patched wheels, realised: the one path ``envbuild build`` (before the
+"""Source builds and patched wheels, realized: the one path ``envbuild build`` (before the
 layers that install them) and ``envbuild apply`` (before the generation's venv) both take.
 
-Each ``[builds]`` entry is realised by :func:`envbuild.sourcebuild.realise.realize` (a derivation
+Each ``[builds]`` entry is realized by :func:`envbuild.sourcebuild.realize.realize` (a derivation
 keyed by the sdist, torch, the toolchain, the flags …; built on the host or in a builder container,
 see :mod:`envbuild.sourcebuild.builder`), each ``[patches]`` set by
 :func:`envbuild.sourcebuild.patches.realize_patch` (keyed by the wheel's and the patches' sha256),
@@ -36,7 +36,7 @@ from envbuild.lock.wheels import WheelRef, select_wheels
 from envbuild.sourcebuild import patches as patches_mod
 from envbuild.sourcebuild.builder import Builder
 from envbuild.sourcebuild.inputs import build_key
-from envbuild.sourcebuild.realise import BuildResult, realize
+from envbuild.sourcebuild.realize import BuildResult, realize
 from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 from envbuild.sourcebuild.requests import build_requests, patch_sets
 from envbuild.spec import LoadedSpec
@@ -70,7 +70,7 @@ class RealizedWheel:
 
 @dataclass
 class SourcesResult:
-    """Every source build and patch of a spec, realised: the wheels, what happened, the
+    """Every source build and patch of a spec, realized: the wheels, what happened, the
     manifest's records."""
 
     wheels: dict[str, RealizedWheel] = field(default_factory=dict)
@@ -142,7 +142,7 @@ def realize_sources(
     *,
     locked: Mapping[str, WheelRef] | None = None,
 ) -> SourcesResult:
-    """Realise every source build and patch set of ``loaded``: each from the store, else from
+    """Realize every source build and patch set of ``loaded``: each from the store, else from
     the remote cache in front of it, else built. ``builder`` makes the builder the first time
     one is needed (a builder container costs an image load); ``locked`` maps a distribution to
     its locked wheel (what a patch of a distribution not built from source applies to; default:
@@ -218,7 +218,7 @@ def stored_sources(
 ) -> dict[str, RealizedWheel] | None:
     """The wheels :func:`realize_sources` would give, if the local store already holds every
     derivation (lookups only: nothing is built, fetched, patched or asked of a remote cache);
-    else None. A patch file that is missing or not the locked one is None too (realising says
+    else None. A patch file that is missing or not the locked one is None too (realizing says
     what is wrong with it)."""
     out: dict[str, RealizedWheel] = {}
     for req in build_requests(loaded, lock):

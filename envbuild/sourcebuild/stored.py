@@ -29,7 +29,7 @@ from envbuild.sourcebuild.checks import check_archs, check_wheel_file
 from envbuild.sourcebuild.inputs import build_key
 from envbuild.sourcebuild.jobs import JobsPlan, plan_jobs
 from envbuild.sourcebuild.patches import KIND as PATCH_KIND
-from envbuild.sourcebuild.realise import BuildResult, add_wheel
+from envbuild.sourcebuild.realize import BuildResult, add_wheel
 from envbuild.sourcebuild.requests import KIND as BUILD_KIND
 from envbuild.sourcebuild.requests import build_requests, describe
 from envbuild.sourcebuild.toolchain import Nvcc

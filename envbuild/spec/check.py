@@ -9,7 +9,7 @@ and warning at once; it never stops at the first.
 from __future__ import annotations
 
 from envbuild.errors import Problem
-from envbuild.spec.checks import Check, builds, consistency, serve, stack, target_gpus
+from envbuild.spec.checks import Check, builds, consistency, serve, spec_gpus, stack
 from envbuild.spec.load import LoadedSpec
 
 #: Every check, in the order their problems are found (the report is sorted by place anyway).
@@ -32,7 +32,7 @@ CHECKS: tuple[Check, ...] = (
 
 def check_stack(loaded: LoadedSpec) -> list[Problem]:
     """Every error and warning about how the spec's parts fit together."""
-    gpus = target_gpus(loaded)
+    gpus = spec_gpus(loaded)
     problems: list[Problem] = []
     for check in CHECKS:
         problems.extend(check(loaded, gpus))

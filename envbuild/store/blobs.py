@@ -104,7 +104,7 @@ def output_root_name(out: Path) -> str:
     return f"out-{hashlib.sha256(where.encode()).hexdigest()[:32]}"
 
 
-class Flock:
+class FileGuard:
     """An ``flock`` on a file: shared or exclusive, released on exit (also by the kernel when the
     process dies). ``what`` names what a blocked caller waits for, in the log."""
 
@@ -112,7 +112,7 @@ class Flock:
         self.path, self.shared, self.what = path, shared, what
         self.fd = -1
 
-    def __enter__(self) -> Flock:
+    def __enter__(self) -> FileGuard:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         try:
@@ -162,12 +162,12 @@ class BlobStore:
         self.blobs = self.root / "blobs" / "sha256"
         self.drvs = self.root / "drv"
         self.roots_dir = self.root / "roots"
-        self.locks = self.root / "locks"
+        self.guards = self.root / "locks"
         self.tmp = self.root / "tmp"
         self.stamps = self.root / "stamps"
         self._stamped = Stamps(self.stamps)
         self._session_depth = 0
-        self._session_lock: Flock | None = None
+        self._session_guard: FileGuard | None = None
         self._mutex = threading.RLock()
         self._ready = False
 
@@ -180,7 +180,7 @@ class BlobStore:
         if self._ready:
             return
         try:
-            for d in (self.blobs, self.drvs, self.roots_dir, self.locks, self.tmp, self.stamps):
+            for d in (self.blobs, self.drvs, self.roots_dir, self.guards, self.tmp, self.stamps):
                 d.mkdir(parents=True, exist_ok=True)
             marker = self.root / "format"
             if marker.exists():
@@ -213,25 +213,25 @@ class BlobStore:
         self._ensure()
         with self._mutex:
             if self._session_depth == 0:
-                lock = Flock(self.locks / "gc.lock", shared=True, what="a store gc to finish")
-                lock.__enter__()
-                self._session_lock = lock
+                guard = FileGuard(self.guards / "gc.lock", shared=True, what="a store gc to finish")
+                guard.__enter__()
+                self._session_guard = guard
             self._session_depth += 1
         try:
             yield self
         finally:
             with self._mutex:
                 self._session_depth -= 1
-                if self._session_depth == 0 and self._session_lock is not None:
-                    self._session_lock.__exit__(None, None, None)
-                    self._session_lock = None
+                if self._session_depth == 0 and self._session_guard is not None:
+                    self._session_guard.__exit__(None, None, None)
+                    self._session_guard = None
 
-    def gc_lock(self) -> Flock:
+    def gc_guard(self) -> FileGuard:
         """The exclusive lock ``gc`` holds: it waits until every session has ended."""
         self._ensure()
         if self.in_session:
             raise StoreError("gc cannot run inside a session of the same store")
-        return Flock(self.locks / "gc.lock", shared=False, what="running builds to finish")
+        return FileGuard(self.guards / "gc.lock", shared=False, what="running builds to finish")
 
     # -- blobs -------------------------------------------------------------------------------
 
@@ -441,7 +441,7 @@ class BlobStore:
             try:
                 # locked while used: what a killed run left with this prefix, the next one
                 # removes (and :meth:`sweep_temp`), not only gc
-                path = held.enter_context(scratch.locked_folder(self.tmp, prefix))
+                path = held.enter_context(scratch.guarded_folder(self.tmp, prefix))
             except OSError as exc:
                 raise store_error(self.root, exc, "creating a scratch directory") from exc
             yield path

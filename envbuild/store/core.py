@@ -7,7 +7,7 @@ Use::
     key = derivation_key("layer", {"dists": [...], "compression": "zstd"})  # 64 hex digits
 
     with store.session():      # hold for a whole build: gc waits until every session ends
-        got = store.build("layer", inputs, builder)  # builder() -> Output(outputs=, meta=,
+        got = store.realize("layer", inputs, produce)  # produce() -> Output(outputs=, meta=,
                                                      #                    references=[key, ...])
         got.drv.outputs["layer"]       # "sha256:<hex>" of a blob; got.reused: was it cached
         with store.blob_writer() as w:  # stream bytes in; named by their digest on close
@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envbuild.errors import StoreError, UsageError
 from envbuild.fsio import canonical_json, compact_json
-from envbuild.store.blobs import STORE_FORMAT, BlobStore, Flock, default_root, digest_hex
+from envbuild.store.blobs import STORE_FORMAT, BlobStore, FileGuard, default_root, digest_hex
 from envbuild.store.blobs import output_root_name as output_root_name  # noqa: PLC0414 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Root(_Model):
 
 @dataclass(frozen=True)
 class Output:
-    """What a builder returns to :meth:`Store.build`: blob digests by name, metadata, and the
+    """What a producer returns to :meth:`Store.realize`: blob digests by name, metadata, and the
     keys of the derivations its outputs need kept (see :attr:`Derivation.references`)."""
 
     outputs: Mapping[str, str]
@@ -153,7 +153,7 @@ class Output:
 
 @dataclass(frozen=True)
 class Realized:
-    """What :meth:`Store.build` returns: the derivation, and whether it was there already."""
+    """What :meth:`Store.realize` returns: the derivation, and whether it was there already."""
 
     drv: Derivation
     reused: bool
@@ -163,12 +163,14 @@ class Store(BlobStore):
     """A content-addressed store rooted at ``root`` (created on first use): the blobs of
     :class:`~envbuild.store.blobs.BlobStore` and the derivation and root records over them."""
 
-    def lock(self, key: str) -> contextlib.AbstractContextManager[object]:
-        """An exclusive lock on one derivation key (what :meth:`build` holds while building)."""
+    def guard(self, key: str) -> contextlib.AbstractContextManager[object]:
+        """An exclusive lock on one derivation key (what :meth:`realize` holds while building)."""
         self._ensure()
         if not KEY_RE.match(key):
             raise ValueError(f"not a derivation key: {key!r}")
-        return Flock(self.locks / f"{key}.lock", shared=False, what=f"another build of {key[:12]}")
+        return FileGuard(
+            self.guards / f"{key}.lock", shared=False, what=f"another build of {key[:12]}"
+        )
 
     # -- derivations -------------------------------------------------------------------------
 
@@ -200,7 +202,7 @@ class Store(BlobStore):
         return drv
 
     def available(self, key: str) -> bool:
-        """Whether derivation ``key`` can be had without running its builder: it is here (a
+        """Whether derivation ``key`` can be had without running its producer: it is here (a
         store with a remote cache in front also asks the cache)."""
         return self.lookup(key) is not None
 
@@ -234,10 +236,10 @@ class Store(BlobStore):
             self._write_file(self.drvs / f"{key}.json", drv.record_json())
         return drv
 
-    def build(
-        self, kind: str, inputs: Mapping[str, Any], builder: Callable[[], Output]
+    def realize(
+        self, kind: str, inputs: Mapping[str, Any], produce: Callable[[], Output]
     ) -> Realized:
-        """Return the derivation ``(kind, inputs)``, running ``builder`` only if it is not yet
+        """Return the derivation ``(kind, inputs)``, running ``produce`` only if it is not yet
         in the store. Two processes asking for the same key at once: one builds, the other waits
         on the key's lock and then reuses the result."""
         key = derivation_key(kind, inputs)
@@ -245,12 +247,12 @@ class Store(BlobStore):
             if (drv := self.lookup(key)) is not None:
                 log.debug("%s %s: reused", kind, key[:12])
                 return Realized(drv, reused=True)
-            with self.lock(key):
+            with self.guard(key):
                 if (drv := self.lookup(key)) is not None:
                     log.debug("%s %s: built by another process", kind, key[:12])
                     return Realized(drv, reused=True)
                 log.debug("%s %s: building", kind, key[:12])
-                out = builder()
+                out = produce()
                 drv = self.record(kind, inputs, out.outputs, out.meta, out.references)
                 return Realized(drv, reused=False)
 

@@ -76,7 +76,7 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
     valid). References are only what roots and records state: no blob is read to find more.
     Waits until no build holds a session.
     """
-    with store.gc_lock():
+    with store.gc_guard():
         roots = store.roots()
         stale_roots = sorted(n for n, r in roots.items() if not output_holds(r))
         for name in stale_roots:
@@ -105,7 +105,7 @@ def collect(store: Store, *, dry_run: bool = False) -> GcResult:
                 dead_blobs.append(digest)
                 freed += path.lstat().st_size
         temps = sorted(store.tmp.iterdir())
-        stale_locks = [p for p in store.locks.iterdir() if p.name != "gc.lock"]
+        stale_locks = [p for p in store.guards.iterdir() if p.name != "gc.lock"]
         kept_hex = {p.name for p in all_blobs} - {digest_hex(d) for d in dead_blobs}
         stale_stamps = store.stale_stamps(kept_hex)
         trees = Trees(store)
@@ -145,7 +145,7 @@ def collect_trees(store: Store, *, dry_run: bool = False) -> tuple[list[str], li
     """Remove only the install trees no root keeps (what ``generations --gc`` does after it
     removed generations): returns the trees removed, those kept because a file of theirs is
     still hard-linked from somewhere, and the bytes freed."""
-    with store.gc_lock():
+    with store.gc_guard():
         roots = [r for r in store.roots().values() if output_holds(r)]
         trees = Trees(store)
         dead, linked, freed = _dead_trees(trees, roots)

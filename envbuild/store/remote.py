@@ -10,7 +10,7 @@ output name. Blobs shared by several derivations are stored once per registry.
 :class:`RemoteCache` answers two questions: ``fetch(store, key)`` (is it there? then pull it,
 verify every digest, check the record really is the one for ``key``, and import it into the
 store) and ``publish(store, drv)``. :class:`CachedStore` is a :class:`~envbuild.store.core.Store`
-that asks the cache before running a builder and publishes what it built, so every stage that
+that asks the cache before running a producer and publishes what it built, so every stage that
 takes a store gets the cache without knowing about it.
 
 Trust: whoever may push to the cache repository can change what it serves for a key. The record
@@ -244,21 +244,21 @@ class CachedStore(Store):
     def available(self, key: str) -> bool:
         return super().available(key) or self.remote.has(key)
 
-    def build(
-        self, kind: str, inputs: Mapping[str, Any], builder: Callable[[], Output]
+    def realize(
+        self, kind: str, inputs: Mapping[str, Any], produce: Callable[[], Output]
     ) -> Realized:
         key = derivation_key(kind, inputs)
         with self.session():
             if (drv := self.lookup(key)) is not None:
                 self._publish(drv)
                 return Realized(drv, reused=True)
-            with self.lock(key):
+            with self.guard(key):
                 if (drv := self.lookup(key)) is not None:
                     return Realized(drv, reused=True)
                 if (drv := self.remote.fetch(self, key)) is not None:
                     return Realized(drv, reused=True)
                 log.debug("%s %s: building (not in the cache)", kind, key[:12])
-                out = builder()
+                out = produce()
                 drv = self.record(kind, inputs, out.outputs, out.meta, out.references)
                 self.remote.publish(self, drv)
                 return Realized(drv, reused=False)

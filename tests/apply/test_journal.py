@@ -305,10 +305,10 @@ def test_listing_works_where_a_journal_cannot_be_undone(cli, machine: Machine) -
     """A user who may not take the state lock (here: the lock path is a folder) still gets the
     list, with a warning; apply --recover fails clearly."""
     machine.paths.state.mkdir(parents=True)
-    machine.paths.lock.mkdir()
+    machine.paths.guard_file.mkdir()
     machine.paths.journal.write_text("{}")
     r = cli("generations", "--root", machine.root)
     assert r.exit_code == 0 and "no generations under" in r.stdout
     assert "a switch was cut short, and is not undone: cannot open" in r.stderr
     r = cli("apply", "--recover", "--root", machine.root)
-    assert r.exit_code == 2 and f"cannot open {machine.paths.lock}" in r.stderr
+    assert r.exit_code == 2 and f"cannot open {machine.paths.guard_file}" in r.stderr

@@ -114,7 +114,7 @@ def test_a_patched_spec_applied_again_needs_no_yes_while_the_store_holds_its_whe
 def test_apply_takes_a_patched_wheel_from_the_remote_cache_before_fetching_what_it_patches(
     experiment: Experiment, repo: Path, registry: Registry, tmp_path: Path
 ) -> None:
-    """Apply realises patches as the build does (local store, then the remote cache, then make
+    """Apply realizes patches as the build does (local store, then the remote cache, then make
     it): machine B pulls the patched vllm machine A published and never downloads the locked
     vllm wheel the patch applies to."""
     spec = with_patch(experiment("tiny-a", lock=False), repo)

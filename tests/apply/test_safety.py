@@ -193,9 +193,9 @@ def test_two_applies_at_once(
 
 
 def test_the_lock_file_names_nobody_once_free(machine: Machine) -> None:
-    from envbuild.apply.statelock import state_lock
+    from envbuild.apply.stateguard import state_guard
 
-    with state_lock(machine.paths):
-        assert machine.paths.lock.read_text() == f"{os.getpid()} apply\n"
-    assert machine.paths.lock.read_text() == ""
+    with state_guard(machine.paths):
+        assert machine.paths.guard_file.read_text() == f"{os.getpid()} apply\n"
+    assert machine.paths.guard_file.read_text() == ""
     subprocess.run(["true"], check=True)

@@ -23,12 +23,12 @@ def cache_for(reg: Registry, repo: str) -> RemoteCache:
 
 
 def test_the_source_build_stage_uses_the_cache(registry: Registry, tmp_path: Path) -> None:
-    """F's C-extension fixture through envbuild.sourcebuild.realise.realize: machine B gets the
+    """F's C-extension fixture through envbuild.sourcebuild.realize.realize: machine B gets the
     wheel
     machine A compiled, with its build log and audit, without compiling."""
     from envbuild.fsio import sha256_file
     from envbuild.sourcebuild.builder import HostBuilder
-    from envbuild.sourcebuild.realise import realize
+    from envbuild.sourcebuild.realize import realize
     from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest
 
     sdist = pack_sdist(FIXTURES / "cext", "fixture-cext", "1.0.0", tmp_path)

@@ -23,7 +23,7 @@ from envbuild.fsio import sha256_file
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.inputs import SdistPatch, inputs_of, sdist_patches
 from envbuild.sourcebuild.jobs import job_memory, plan_jobs
-from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.realize import realize
 from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, TorchRef
 from envbuild.sourcebuild.sdist import patch_sdist
 from envbuild.sourcebuild.toolchain import (

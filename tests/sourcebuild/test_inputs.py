@@ -25,7 +25,7 @@ from envbuild.lock.model import (
 )
 from envbuild.sourcebuild.builder import Toolchain
 from envbuild.sourcebuild.inputs import build_key, diff_inputs, inputs_of
-from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.realize import realize
 from envbuild.sourcebuild.requests import FileRef, SourceBuildRequest, build_requests
 from envbuild.spec.load import LoadedSpec, load_spec
 from envbuild.store.core import Store, derivation_key

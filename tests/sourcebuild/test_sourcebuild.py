@@ -19,7 +19,7 @@ from envbuild.errors import ArchMissing, BuildFailed, ToolNotFound, UserError
 from envbuild.proc import core as proc
 from envbuild.sourcebuild.builder import HostBuilder
 from envbuild.sourcebuild.jobs import choose_max_jobs
-from envbuild.sourcebuild.realise import BuildResult, add_wheel, realize
+from envbuild.sourcebuild.realize import BuildResult, add_wheel, realize
 from envbuild.sourcebuild.requests import FileRef
 from envbuild.store.core import Store
 

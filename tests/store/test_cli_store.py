@@ -16,7 +16,7 @@ from support.wheels import make_wheel
 from envbuild.lock.core import lock_path
 from envbuild.lock.io import dumps
 from envbuild.sourcebuild.builder import HostBuilder
-from envbuild.sourcebuild.realise import realize
+from envbuild.sourcebuild.realize import realize
 from envbuild.sourcebuild.requests import FileRef, build_requests
 from envbuild.spec.load import load_spec
 from envbuild.store.core import Store

@@ -45,7 +45,7 @@ BUILDER = textwrap.dedent(
             f.write(f"{os.getpid()}\\n")
         time.sleep(1.0)
         return Output({"out": store.add_bytes(b"built once")}, {"note": "ok"})
-    got = store.build("test", {"x": 1}, build)
+    got = store.realize("test", {"x": 1}, build)
     print(got.drv.key, got.reused, got.drv.outputs["out"])
     """
 )
@@ -78,14 +78,14 @@ def test_build_reuses_recorded_outputs_and_rebuilds_lost_ones(tmp_path):
         calls.append(1)
         return Output({"out": store.add_bytes(b"content")}, {"n": len(calls)})
 
-    first = store.build("k", {"a": 1}, build)
-    again = store.build("k", {"a": 1}, build)
+    first = store.realize("k", {"a": 1}, build)
+    again = store.realize("k", {"a": 1}, build)
     assert (first.reused, again.reused, len(calls)) == (False, True, 1)
     assert again.drv == first.drv
     record = json.loads((store.drvs / f"{first.drv.key}.json").read_text())
     assert record["outputs"] == {"out": first.drv.outputs["out"]}
     store.blob_path(first.drv.outputs["out"]).unlink()
-    assert store.build("k", {"a": 1}, build).reused is False
+    assert store.realize("k", {"a": 1}, build).reused is False
     assert len(calls) == 2
 
 
@@ -93,15 +93,15 @@ def test_lookup_drops_a_corrupt_output_so_it_is_built_again(tmp_path):
     store = Store(tmp_path / "store")
     calls: list[int] = []
 
-    def builder() -> Output:
+    def produce() -> Output:
         calls.append(1)
         return Output({"o": store.add_bytes(b"made")})
 
-    got = store.build("k", {}, builder)
+    got = store.realize("k", {}, produce)
     path = store.blob_path(got.drv.outputs["o"])
     os.chmod(path, 0o644)
     path.write_bytes(b"evil")
-    again = store.build("k", {}, builder)
+    again = store.realize("k", {}, produce)
     assert len(calls) == 2 and not again.reused
     assert store.read_blob(again.drv.outputs["o"]) == b"made"
     assert all(hashlib.sha256(p.read_bytes()).hexdigest() == p.name for p in store.blobs.iterdir())

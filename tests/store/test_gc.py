@@ -13,13 +13,13 @@ from envbuild.store.gc import collect
 
 def test_gc_keeps_what_roots_name_and_removes_the_rest(tmp_path):
     store = Store(tmp_path / "store")
-    kept = store.build("k", {"a": 1}, lambda: Output({"o": store.add_bytes(b"kept by drv")}))
+    kept = store.realize("k", {"a": 1}, lambda: Output({"o": store.add_bytes(b"kept by drv")}))
     lone = store.add_bytes(b"kept by blob")
     config, layer = store.add_bytes(b"config"), store.add_bytes(b"layer")
     manifest = store.add_bytes(
         json.dumps({"config": {"digest": config}, "layers": [{"digest": layer}]}).encode()
     )
-    dropped = store.build("k", {"a": 2}, lambda: Output({"o": store.add_bytes(b"garbage")}))
+    dropped = store.realize("k", {"a": 2}, lambda: Output({"o": store.add_bytes(b"garbage")}))
     store.set_root("img", blobs=[lone, manifest, config, layer], derivations=[kept.drv.key])
 
     dry = collect(store, dry_run=True)
@@ -62,16 +62,18 @@ def test_a_blob_referenced_only_from_a_derivation_record_survives(tmp_path):
     """A rooted record keeps what it references, and that record's outputs; an unreferenced
     blob and an unrooted chain of records go."""
     store = Store(tmp_path / "store")
-    wheel = store.build("sourcebuild", {"n": 1}, lambda: Output({"wheel": store.add_bytes(b"w")}))
-    layer = store.build(
+    wheel = store.realize("sourcebuild", {"n": 1}, lambda: Output({"wheel": store.add_bytes(b"w")}))
+    layer = store.realize(
         "layer",
         {"wheel": wheel.drv.key},
         lambda: Output({"layer": store.add_bytes(b"tar")}, references=[wheel.drv.key]),
     )
     assert layer.drv.references == [wheel.drv.key]
     loose = store.add_bytes(b"referenced by nothing")
-    orphan = store.build("sourcebuild", {"n": 2}, lambda: Output({"wheel": store.add_bytes(b"o")}))
-    unrooted = store.build(
+    orphan = store.realize(
+        "sourcebuild", {"n": 2}, lambda: Output({"wheel": store.add_bytes(b"o")})
+    )
+    unrooted = store.realize(
         "layer",
         {"wheel": orphan.drv.key},
         lambda: Output({"layer": store.add_bytes(b"tar 2")}, references=[orphan.drv.key]),
@@ -93,7 +95,7 @@ def test_a_json_blob_naming_digests_keeps_nothing(tmp_path):
     root and the records state counts."""
     store = Store(tmp_path / "store")
     config, layer = store.add_bytes(b"config"), store.add_bytes(b"layer")
-    drv = store.build("k", {}, lambda: Output({"o": store.add_bytes(b"out")}))
+    drv = store.realize("k", {}, lambda: Output({"o": store.add_bytes(b"out")}))
     manifest = store.add_bytes(
         json.dumps(
             {

@@ -95,7 +95,7 @@ def test_two_stores_sharing_a_cache_build_the_wheel_once(
     flags = ["-O2"]
     first = CachedStore(tmp_path / "machine-a", cache_for(registry))
     build_a = Counter(first, tmp_path / "work-a", flags)
-    got_a = first.build("sourcebuild", inputs(flags), build_a)
+    got_a = first.realize("sourcebuild", inputs(flags), build_a)
     assert (build_a.runs, got_a.reused) == (1, False)
     assert first.remote.stats.published == [got_a.drv.key]
     status, _ = registry.get(f"/v2/cache/envbuild/manifests/{cache_tag(got_a.drv.key)}")
@@ -104,7 +104,7 @@ def test_two_stores_sharing_a_cache_build_the_wheel_once(
     mark = registry.log_mark()
     second = CachedStore(tmp_path / "machine-b", cache_for(registry))
     build_b = Counter(second, tmp_path / "work-b", flags)
-    got_b = second.build("sourcebuild", inputs(flags), build_b)
+    got_b = second.realize("sourcebuild", inputs(flags), build_b)
     assert build_b.runs == 0  # pulled, not compiled
     assert got_b.reused is True
     assert second.remote.stats.hits == [got_a.drv.key]
@@ -117,7 +117,7 @@ def test_two_stores_sharing_a_cache_build_the_wheel_once(
     assert import_wheel(wheel, tmp_path / "site") == 42
 
     # A third build on machine B is a plain local hit: the cache is not asked again.
-    again = second.build("sourcebuild", inputs(flags), build_b)
+    again = second.realize("sourcebuild", inputs(flags), build_b)
     assert again.reused and build_b.runs == 0 and second.remote.stats.hits == [got_a.drv.key]
 
 
@@ -126,7 +126,7 @@ def test_references_travel_with_the_record(registry: Registry, tmp_path: Path) -
     a record without references is published as the bytes it always was."""
     parent = derivation_key("sourcebuild", inputs(["-O3"]))
     first = CachedStore(tmp_path / "a", cache_for(registry, "cache/references"))
-    got = first.build(
+    got = first.realize(
         "layer",
         {"wheel": parent},
         lambda: Output({"layer": first.add_bytes(b"tar")}, references=[parent]),
@@ -142,9 +142,9 @@ def test_references_travel_with_the_record(registry: Registry, tmp_path: Path) -
 def test_other_inputs_miss_the_cache(registry: Registry, tmp_path: Path) -> None:
     store = CachedStore(tmp_path / "s", cache_for(registry, "cache/miss"))
     build = Counter(store, tmp_path / "w", ["-O1"])
-    store.build("sourcebuild", inputs(["-O1"]), build)
+    store.realize("sourcebuild", inputs(["-O1"]), build)
     other = Counter(store, tmp_path / "w2", ["-O0"])
-    got = store.build("sourcebuild", inputs(["-O0"]), other)
+    got = store.realize("sourcebuild", inputs(["-O0"]), other)
     assert other.runs == 1 and not got.reused
     assert store.remote.stats.misses == [
         derivation_key("sourcebuild", inputs(["-O1"])),
@@ -155,7 +155,7 @@ def test_other_inputs_miss_the_cache(registry: Registry, tmp_path: Path) -> None
 def test_an_entry_filed_under_another_key_is_refused(registry: Registry, tmp_path: Path) -> None:
     cache = cache_for(registry, "cache/poisoned")
     store = CachedStore(tmp_path / "a", cache)
-    real = store.build("sourcebuild", inputs(["-O2"]), Counter(store, tmp_path / "w", ["-O2"]))
+    real = store.realize("sourcebuild", inputs(["-O2"]), Counter(store, tmp_path / "w", ["-O2"]))
     wanted = derivation_key("sourcebuild", inputs(["-O3"]))
     # Someone with push access files the -O2 wheel under the -O3 key.
     subprocess.run(
@@ -170,7 +170,7 @@ def test_an_entry_filed_under_another_key_is_refused(registry: Registry, tmp_pat
     victim = CachedStore(tmp_path / "b", cache_for(registry, "cache/poisoned"))
     build = Counter(victim, tmp_path / "wb", ["-O3"])
     with pytest.raises(IntegrityError, match="inputs hash to another key"):
-        victim.build("sourcebuild", inputs(["-O3"]), build)
+        victim.realize("sourcebuild", inputs(["-O3"]), build)
     assert victim.lookup(wanted) is None and build.runs == 0
 
 
@@ -178,7 +178,7 @@ def test_a_corrupt_cache_blob_is_refused(registry: Registry, tmp_path: Path) -> 
     flags = ["-O2"]
     salt = b"# " + os.urandom(8).hex().encode() + b"\n"  # a blob no other test shares
     first = CachedStore(tmp_path / "a", cache_for(registry, "cache/corrupt"))
-    got = first.build("sourcebuild", inputs(flags), Counter(first, tmp_path / "w", flags, salt))
+    got = first.realize("sourcebuild", inputs(flags), Counter(first, tmp_path / "w", flags, salt))
     blob = registry.blob_file(got.drv.outputs["wheel"])
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -186,7 +186,7 @@ def test_a_corrupt_cache_blob_is_refused(registry: Registry, tmp_path: Path) -> 
 
     second = CachedStore(tmp_path / "b", cache_for(registry, "cache/corrupt"))
     with pytest.raises(IntegrityError, match="does not match its digest"):
-        second.build("sourcebuild", inputs(flags), Counter(second, tmp_path / "wb", flags))
+        second.realize("sourcebuild", inputs(flags), Counter(second, tmp_path / "wb", flags))
     assert second.lookup(got.drv.key) is None
     assert not second.has_blob(got.drv.outputs["wheel"])
 
@@ -196,7 +196,7 @@ def test_read_only_cache_does_not_publish(registry: Registry, tmp_path: Path) ->
         parse_repo(registry.ref("cache/readonly")), endpoint=Endpoint(insecure=True), push=False
     )
     store = CachedStore(tmp_path / "s", cache)
-    got = store.build("sourcebuild", inputs(["-Os"]), Counter(store, tmp_path / "w", ["-Os"]))
+    got = store.realize("sourcebuild", inputs(["-Os"]), Counter(store, tmp_path / "w", ["-Os"]))
     assert cache.stats.published == []
     assert not cache.has(got.drv.key)
 
@@ -205,7 +205,7 @@ def test_read_only_cache_does_not_publish(registry: Registry, tmp_path: Path) ->
 def test_a_corrupt_store_blob_is_never_published(registry: Registry, tmp_path: Path) -> None:
     flags = ["-O2"]
     store = Store(tmp_path / "plain")
-    got = store.build("sourcebuild", inputs(flags), Counter(store, tmp_path / "w", flags))
+    got = store.realize("sourcebuild", inputs(flags), Counter(store, tmp_path / "w", flags))
     blob = store.blob_path(got.drv.outputs["wheel"])
     blob.chmod(0o644)
     with blob.open("r+b") as f:

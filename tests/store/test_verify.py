@@ -10,7 +10,7 @@ from envbuild.store.verify import verify
 
 def test_verify_finds_and_repairs_a_corrupt_blob(tmp_path):
     store = Store(tmp_path / "store")
-    got = store.build("k", {}, lambda: Output({"o": store.add_bytes(b"good")}))
+    got = store.realize("k", {}, lambda: Output({"o": store.add_bytes(b"good")}))
     assert verify(store).ok
     path = store.blob_path(got.drv.outputs["o"])
     os.chmod(path, 0o644)
@@ -24,7 +24,7 @@ def test_verify_finds_and_repairs_a_corrupt_blob(tmp_path):
 
 def test_verify_names_the_blob_its_derivation_and_the_fix(tmp_path, cli):
     store = Store(tmp_path / "store")
-    got = store.build("layer", {"x": 1}, lambda: Output({"layer": store.add_bytes(b"good")}))
+    got = store.realize("layer", {"x": 1}, lambda: Output({"layer": store.add_bytes(b"good")}))
     loose = store.add_bytes(b"a wheel")
     for digest in (got.drv.outputs["layer"], loose):
         path = store.blob_path(digest)

@@ -228,7 +228,7 @@ def resolve(
             packages=packages,
         )
         inputs = _inputs(spec_base, lock, compression, sde)
-        store.build(KIND, inputs, lambda: _output(_repack(store, tar, compression, sde), lock))
+        store.realize(KIND, inputs, lambda: _output(_repack(store, tar, compression, sde), lock))
     log.info("Debian %s: %d packages pinned", spec_base.suite, len(packages))
     return lock
 
@@ -261,7 +261,7 @@ def build(
     pinned = lock
     inputs = _inputs(spec_base, pinned, compression, sde)
 
-    def builder() -> Output:
+    def produce() -> Output:
         with store.temp_dir(scratch.CHROOT) as work:
             tar, got = _mmdebstrap(work, spec_base, pinned.packages, sde)
             if got != pinned.packages:
@@ -277,7 +277,7 @@ def build(
             return _output(_repack(store, tar, compression, sde), pinned)
 
     with store.session():
-        realized = store.build(KIND, inputs, builder)
+        realized = store.realize(KIND, inputs, produce)
     layer = Layer.model_validate(realized.drv.meta["layer"])
     arch = pinned.packages[0].arch if pinned.packages else "amd64"
     arch = next((p.arch for p in pinned.packages if p.arch != "all"), arch)

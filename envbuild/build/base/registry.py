@@ -83,7 +83,7 @@ def pull(
     inputs = {"recipe": RECIPE, "digest": pin.digest, "architecture": architecture}
     where = f"{pin.ref}@{pin.digest}"
 
-    def builder() -> Output:
+    def produce() -> Output:
         digest = pin.digest
         doc = _raw_manifest(pin.ref, digest, tls_verify)
         if doc.get("mediaType") in INDEX_TYPES or "manifests" in doc:
@@ -138,5 +138,5 @@ def pull(
             return import_image(store, manifest, config, blob, where=where, limits=limits)
 
     with store.session():
-        got = store.build("base-image", inputs, builder)
+        got = store.realize("base-image", inputs, produce)
     return base_from_output("image", got.drv.key, got.drv.meta, pin)

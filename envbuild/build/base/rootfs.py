@@ -255,7 +255,7 @@ def from_oci_layout(
     """The image ``pin.digest`` of the OCI layout at ``path``."""
     inputs = {"recipe": RECIPE, "manifest": pin.digest}
 
-    def builder() -> Output:
+    def produce() -> Output:
         layout = open_layout(path, digest=pin.digest, architecture="amd64")
         return import_image(
             store,
@@ -267,7 +267,7 @@ def from_oci_layout(
         )
 
     with store.session():
-        got = store.build("base-oci", inputs, builder)
+        got = store.realize("base-oci", inputs, produce)
     return base_from_output("oci-layout", got.drv.key, got.drv.meta, pin)
 
 
@@ -307,7 +307,7 @@ def from_tarball(
         "source_date_epoch": sde,
     }
 
-    def builder() -> Output:
+    def produce() -> Output:
         where = f"rootfs tarball {path}"
         try:
             actual = sha256_file(path)
@@ -340,5 +340,5 @@ def from_tarball(
         )
 
     with store.session():
-        got = store.build("base-rootfs", inputs, builder)
+        got = store.realize("base-rootfs", inputs, produce)
     return base_from_output("rootfs", got.drv.key, got.drv.meta, pin)

@@ -16,7 +16,7 @@ WARNING = Severity.WARNING
 
 
 @dataclass(frozen=True)
-class TargetGpu:
+class SpecGpu:
     """A GPU entry of ``[host]`` with the knowledge base's values filled in."""
 
     index: int
@@ -25,16 +25,16 @@ class TargetGpu:
     memory_gib: float | None
 
 
-Check = Callable[[LoadedSpec, list[TargetGpu]], Iterator[Problem]]
+Check = Callable[[LoadedSpec, list[SpecGpu]], Iterator[Problem]]
 
 
-def target_gpus(loaded: LoadedSpec) -> list[TargetGpu]:
+def spec_gpus(loaded: LoadedSpec) -> list[SpecGpu]:
     host = loaded.spec.host
     out = []
     for i, g in enumerate(host.gpus if host else []):
         fact = kb.gpu(g.model)
         out.append(
-            TargetGpu(
+            SpecGpu(
                 i,
                 g.count,
                 g.compute_capability or (fact.compute_capability if fact else None),
@@ -44,6 +44,6 @@ def target_gpus(loaded: LoadedSpec) -> list[TargetGpu]:
     return out
 
 
-def capabilities(gpus: list[TargetGpu]) -> list[str]:
+def capabilities(gpus: list[SpecGpu]) -> list[str]:
     """The distinct compute capabilities of the target GPUs, lowest first."""
     return sorted({g.capability for g in gpus if g.capability}, key=Version)

@@ -13,13 +13,13 @@ from packaging.version import Version
 from envbuild.errors import Problem
 from envbuild.spec import archs, facts
 from envbuild.spec import knowledge as kb
-from envbuild.spec.checks import WARNING, TargetGpu, capabilities
+from envbuild.spec.checks import WARNING, SpecGpu, capabilities
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 
 log = logging.getLogger(__name__)
 
-#: Build flags that are counts for every build (envbuild.sourcebuild.realise refuses the same values
+#: Build flags that are counts for every build (envbuild.sourcebuild.realize refuses the same values
 #: when a build runs).
 INT_ENV = ("MAX_JOBS", "NVCC_THREADS")
 
@@ -29,7 +29,7 @@ def is_count(value: str) -> bool:
     return re.fullmatch(r"[1-9][0-9]*", value) is not None
 
 
-def source_builds(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def source_builds(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     ccs = capabilities(gpus)
     toolkit = kb.toolkit_archs(spec.cuda.version) if spec.cuda else None

@@ -16,13 +16,13 @@ from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec import secrets as sec
-from envbuild.spec.checks import WARNING, TargetGpu
+from envbuild.spec.checks import WARNING, SpecGpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 from envbuild.spec.model import SECRET_REF, DebianBase
 
 
-def pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def pins(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     """A distribution pinned in two places must be pinned to the same version."""
     spec = loaded.spec
     fixed: dict[str, tuple[str, str]] = {}  # name -> (version, where it is fixed)
@@ -99,7 +99,7 @@ def _nvml(loaded: LoadedSpec) -> Iterator[Problem]:
         )
 
 
-def secrets(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def secrets(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     """A credential must be a ``${VAR}`` reference, never a literal in the spec: not a value
     with a credential's shape anywhere, and not a literal under a name that says "secret"
     (:mod:`envbuild.spec.secrets`) wherever a value reaches the image config, the unit or a
@@ -159,7 +159,7 @@ def _var(flag: str) -> str:
     return re.sub(r"[^A-Z0-9_]", "_", flag.lstrip("-").upper()) or "SECRET"
 
 
-def secret_flags(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def secret_flags(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     """The value of a flag that takes a secret (the knowledge base's ``secret_flags``) is a
     ``${VAR}`` reference, never a literal; and no other ``${VAR}`` stands where build refuses
     it, in what lands in the image (``image.env``, ``image.cmd``, ``image.labels``,
@@ -211,7 +211,7 @@ def _strings(value: Any, key: KeyPath) -> Iterator[tuple[KeyPath, str]]:
             yield from _strings(v, (*key, i))
 
 
-def platform(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def platform(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     base = spec.base
     tag = spec.python.platform

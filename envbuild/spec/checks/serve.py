@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from envbuild.errors import Problem
 from envbuild.spec import facts, serveflags
 from envbuild.spec import knowledge as kb
-from envbuild.spec.checks import WARNING, TargetGpu, capabilities
+from envbuild.spec.checks import WARNING, SpecGpu, capabilities
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import Spec
 
@@ -18,7 +18,7 @@ GB_PER_GIB = 1024**3 / 1e9
 PLACEHOLDER_SHA = "0" * 40
 
 
-def parallelism(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def parallelism(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     serve = loaded.spec.serve
     if serve is None or not gpus:
         return
@@ -33,7 +33,7 @@ def parallelism(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
         )
 
 
-def kv_cache(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def kv_cache(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     serve = spec.serve
     if serve is None:
@@ -116,7 +116,7 @@ def placeholders(spec: Spec) -> list[tuple[tuple[str, ...], str, str]]:
     return [f for f in found if f[2] == PLACEHOLDER_SHA]
 
 
-def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def model_size(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     if spec.model is None or not gpus:
         return
@@ -149,7 +149,7 @@ def model_size(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
         )
 
 
-def extra_args(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def extra_args(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     """``serve.extra_args`` against the serve flags of the vLLM the spec pins (a table in the
     knowledge base, extracted from that vLLM's wheel)."""
     spec = loaded.spec

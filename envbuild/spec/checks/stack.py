@@ -13,12 +13,12 @@ from packaging.version import Version
 from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
-from envbuild.spec.checks import WARNING, TargetGpu
+from envbuild.spec.checks import WARNING, SpecGpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 
 
-def host_gpus(loaded: LoadedSpec, targets: list[TargetGpu]) -> Iterator[Problem]:
+def host_gpus(loaded: LoadedSpec, targets: list[SpecGpu]) -> Iterator[Problem]:
     host = loaded.spec.host
     for i, g in enumerate(host.gpus if host else []):
         key: KeyPath = ("host", "gpus", i)
@@ -47,7 +47,7 @@ def host_gpus(loaded: LoadedSpec, targets: list[TargetGpu]) -> Iterator[Problem]
             )
 
 
-def driver_vs_cuda(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def driver_vs_cuda(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     if not spec.host or not spec.cuda:
         return
@@ -78,7 +78,7 @@ def driver_vs_cuda(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Proble
         )
 
 
-def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def torch_variant(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     torch = spec.torch
     if torch is None:
@@ -146,7 +146,7 @@ def torch_variant(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem
         )
 
 
-def vllm_pins(loaded: LoadedSpec, gpus: list[TargetGpu]) -> Iterator[Problem]:
+def vllm_pins(loaded: LoadedSpec, gpus: list[SpecGpu]) -> Iterator[Problem]:
     spec = loaded.spec
     vllm = spec.vllm
     if vllm is None:

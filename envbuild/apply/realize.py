@@ -1,4 +1,4 @@
-"""Realising a generation: find an identical one that still verifies, or build a new one.
+"""Realizing a generation: find an identical one that still verifies, or build a new one.
 
 A new generation is built in ``generations/.tmp-…`` (spec, lock copy, install lock, venv, unit),
 checked, given its ``generation.json``, made read-only, and only then renamed to
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Realised:
+class RealizedGeneration:
     generation: gens.Generation
     reused: bool
     #: Generations with the same content that failed their check (edited after the build).
@@ -101,14 +101,14 @@ def repair(paths: Paths, found: Found, store: Store) -> tuple[Found, list[str]]:
     return Found(found.content_hash, None, [check, *found.rejected[1:]]), done
 
 
-def realise(
+def realize(
     paths: Paths,
     inp: ApplyInput,
     wheels: dict[str, venvs.StoreWheel],
     *,
     found: Found | None = None,
     store: Store | None = None,
-) -> Realised:
+) -> RealizedGeneration:
     """Reuse the generation ``found`` (or looked up now) for these inputs, or build one from
     the install trees of ``store`` (default: :func:`~envbuild.store.core.default_store`)."""
     chash = generation_hash(paths, inp, wheels)
@@ -118,9 +118,11 @@ def realise(
         log.info(
             "generation %d already holds this environment: reusing it", found.generation.number
         )
-        return Realised(found.generation, True, found.rejected)
+        return RealizedGeneration(found.generation, True, found.rejected)
     store = Store((store or default_store()).root)  # trees are local: no remote cache
-    return Realised(build(paths, inp, wheels, chash, store), False, found.rejected)
+    return RealizedGeneration(
+        build_generation(paths, inp, wheels, chash, store), False, found.rejected
+    )
 
 
 def interpreter_of(venv: Path, final_venv: Path, version: str) -> gens.Interpreter:
@@ -135,7 +137,7 @@ def interpreter_of(venv: Path, final_venv: Path, version: str) -> gens.Interpret
     return gens.Interpreter(path=str(path), version=version, sha256=sha256_file(real))
 
 
-def build(
+def build_generation(
     paths: Paths,
     inp: ApplyInput,
     wheels: dict[str, venvs.StoreWheel],

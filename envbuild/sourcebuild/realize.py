@@ -65,7 +65,7 @@ class _Model(BaseModel):
 
 
 class BuildResult(_Model):
-    """One realised source build: its key, whether it was reused, the stored wheel and log, the
+    """One realized source build: its key, whether it was reused, the stored wheel and log, the
     audit, and what changed since the last build of the distribution."""
 
     dist: str
@@ -104,7 +104,7 @@ def realize(
             return result
         if store.available(key):  # a store with a remote cache in front has it there
             log.info("%s %s: the build %s is in the cache", req.dist, req.version, key[:12])
-            substituted = store.build(
+            substituted = store.realize(
                 KIND, inputs, lambda: _build(req, builder, store, inputs, memory=memory)
             )
             result = _result(req, substituted.drv, reused=substituted.reused)
@@ -126,7 +126,7 @@ def realize(
         def run() -> Output:
             return _build(req, builder, store, inputs, memory=memory)
 
-        realized = store.build(KIND, inputs, run)
+        realized = store.realize(KIND, inputs, run)
         return _result(
             req,
             realized.drv,

@@ -30,7 +30,7 @@ UV_GLIBC = ((2, 17), (2, 40))
 
 
 @dataclass(frozen=True)
-class Target:
+class ResolveTarget:
     python: str
     platform: str
     exclude_newer: datetime
@@ -70,7 +70,7 @@ class Target:
         return self.exclude_newer.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def target_of(loaded: LoadedSpec) -> Target:
+def resolve_target_of(loaded: LoadedSpec) -> ResolveTarget:
     spec = loaded.spec
     indexes = [Index(name="default", url=spec.resolution.index_url)]
     indexes += [
@@ -81,7 +81,7 @@ def target_of(loaded: LoadedSpec) -> Target:
     if spec.torch and spec.torch.index != "pypi":
         torch_index = spec.torch.index
         indexes.append(Index(name="torch", url=torch_index))
-    return Target(
+    return ResolveTarget(
         python=spec.python.version,
         platform=platform_tag(loaded),
         exclude_newer=spec.resolution.exclude_newer,

@@ -23,13 +23,13 @@ POLL = 0.2
 
 
 @contextmanager
-def state_lock(paths: Paths, *, wait: float = 0.0, what: str = "apply") -> Iterator[None]:
+def state_guard(paths: Paths, *, wait: float = 0.0, what: str = "apply") -> Iterator[None]:
     try:
         paths.state.mkdir(parents=True, exist_ok=True)
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(paths.guard_file, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise OutputError(
-            f"cannot open {paths.lock}: {exc.strerror or exc}",
+            f"cannot open {paths.guard_file}: {exc.strerror or exc}",
             hint="run as a user who may write the state dir (root on a real machine)",
         ) from exc
     try:
