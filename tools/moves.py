@@ -45,6 +45,12 @@ MOVES: dict[str, str] = {
     "envbuild.build.wheelpaths": "envbuild.installed.wheelpaths",
     "envbuild.build.wheels": "envbuild.lock.wheels",
     "envbuild.sourcebuild.closure": "envbuild.lock.closure",
+    # the last package __init__s that held code (the CLI's entry point, models, checks)
+    "envbuild.cli": "envbuild.cli.main",
+    "envbuild.snapshot.model": "envbuild.snapshot.model.core",
+    "envbuild.spec.checks": "envbuild.spec.checks.core",
+    "envbuild.oci": "envbuild.oci.core",
+    "envbuild.build.base": "envbuild.build.base.core",
 }
 
 
