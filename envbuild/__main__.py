@@ -1,5 +1,5 @@
 import sys
 
-from envbuild.cli import main
+from envbuild.cli.main import main
 
 sys.exit(main())

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from envbuild.errors import EnvbuildError, ExitCode, UsageError
-from envbuild.oci import open_layout, verify_layout
+from envbuild.oci.blobs import verify_layout
+from envbuild.oci.layout import open_layout
 from envbuild.registry.api import Endpoint
 from envbuild.registry.core import get_transport, push_image
 from envbuild.registry.ref import ImageRef

@@ -88,11 +88,11 @@ def test_validate_reports_a_missing_spec_and_goes_on_to_the_next(cli, repo):
 def test_every_command_has_its_help_and_loads_only_its_own_module():
     """A command's parser comes from its own module alone (start-up: a snapshot does not import
     the build); each command's --help works through that path, and the top-level one lists all."""
-    from envbuild.cli import COMMANDS
+    from envbuild.cli.main import COMMANDS
 
     script = (
         "import sys\n"
-        "from envbuild.cli import main\n"
+        "from envbuild.cli.main import main\n"
         "code = main(sys.argv[1:])\n"
         "print('LOADED', sorted(m for m in sys.modules if m.startswith('envbuild.cli.')))\n"
         "raise SystemExit(code)\n"

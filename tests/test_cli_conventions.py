@@ -123,7 +123,7 @@ def test_a_name_that_is_not_utf8_prints_escaped_not_as_a_traceback() -> None:
     """A base's setuid file or a path can be bytes that are not UTF-8 (Python keeps them as
     surrogates): what envbuild prints on stdout shows them escaped and the command goes on."""
     code = (
-        "import sys; from envbuild import cli; cli._escape_undecodable_output(); "
+        "import sys; from envbuild.cli.main import _escape_undecodable_output as escape; escape(); "
         "from envbuild.cli import render; render.note('usr/bin/\\udcff'); sys.exit(0)"
     )
     env = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": ""}

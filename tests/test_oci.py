@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envbuild.errors import EnvbuildError, ExitCode, InputFileError, IntegrityError
-from envbuild.oci import (
+from envbuild.oci.blobs import verify_layout
+from envbuild.oci.layout import (
     DOCKER_MANIFEST,
     DOCKER_MANIFEST_LIST,
     MAX_CONFIG,
@@ -36,7 +37,6 @@ from envbuild.oci import (
     open_layout,
     read_index,
     select_manifest,
-    verify_layout,
 )
 
 LAYER = "application/vnd.oci.image.layer.v1.tar"
@@ -419,7 +419,7 @@ def test_a_damaged_good_layout(tmp_path: Path, target: str, mutation: str, at: i
 
 def test_a_digest_with_a_trailing_newline_is_not_a_digest() -> None:
     """``$`` would let ``sha256:<hex>\\n`` through: a path built from it then names another file."""
-    from envbuild.oci import DIGEST_RE
+    from envbuild.oci.layout import DIGEST_RE
 
     good = "sha256:" + "a" * 64
     assert DIGEST_RE.match(good)

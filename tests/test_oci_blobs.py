@@ -6,7 +6,7 @@ gzip) and listed as zstd again; a layer listed with size 1 or 10^15 was imported
 a 155-byte descriptor over a 2 GiB sparse file copied 2 GiB into the store before it failed.
 Each case goes through the real readers: an OCI layout base imported into a real store
 (:func:`envbuild.build.base.rootfs.from_oci_layout`) and the check a push makes
-(:func:`envbuild.oci.verify_layout`).
+(:func:`envbuild.oci.core.verify_layout`).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 from support.treelayer import layer_from_tree
 
-from envbuild import oci
 from envbuild.build.base import rootfs
 from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import Compression
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import InputFileError, IntegrityError
 from envbuild.lock.model import OciLayoutBaseLock
+from envbuild.oci import core as oci
 from envbuild.store.core import Store
 
 GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"

@@ -62,7 +62,7 @@ ENVBUILD = [
     "-c",
     "import signal, sys\n"
     "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP): signal.signal(s, signal.SIG_DFL)\n"
-    "from envbuild.cli import main\n"
+    "from envbuild.cli.main import main\n"
     "sys.exit(main(sys.argv[1:]))",
 ]
 

@@ -41,7 +41,7 @@ from envbuild.snapshot import contents
 from envbuild.snapshot.core import Options as SnapOptions
 from envbuild.snapshot.core import take_snapshot
 from envbuild.snapshot.distinfo import chosen_wheel, read_dist, wheel_tags
-from envbuild.snapshot.model import Snapshot
+from envbuild.snapshot.model.core import Snapshot
 from envbuild.snapshot.model.pyenv import Distribution, PythonEnv
 from envbuild.snapshot.model.services import HfCacheSection
 from envbuild.snapshot.nvml import Nvml

@@ -1,6 +1,6 @@
 """The machine as spec tables: ``[host]``, ``[cuda]``, ``[base]`` and ``[python]`` from a snapshot.
 
-Input: a :class:`~envbuild.snapshot.model.Snapshot` (NVML's driver and GPUs, the CUDA toolkits,
+Input: a :class:`~envbuild.snapshot.model.core.Snapshot` (NVML's driver and GPUs, the CUDA toolkits,
 ``/etc/os-release``) and the adopted environment. Output: the tables as plain data, and notes
 for what could not be said (a GPU the knowledge base does not know is left out and named: the
 spec must validate).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from envbuild.snapshot.model import Snapshot
+from envbuild.snapshot.model.core import Snapshot
 from envbuild.snapshot.model.pyenv import PythonEnv
 from envbuild.spec import knowledge
 from envbuild.spec.facts import knowledge as facts_of

@@ -26,7 +26,7 @@ from typing import Any
 from envbuild.apply.servecheck import PROBE, TIMEOUT
 from envbuild.errors import EnvironmentFailure
 from envbuild.proc import core as proc
-from envbuild.snapshot.model import REDACTED
+from envbuild.snapshot.model.core import REDACTED
 from envbuild.snapshot.model.services import HfCacheSection
 from envbuild.spec import knowledge, serveflags
 from envbuild.spec.serveflags import FlagTable, ServeFlag

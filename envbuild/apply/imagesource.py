@@ -22,7 +22,7 @@ from typing import Any
 from envbuild.apply.inputs import ApplyInput
 from envbuild.build.config import LABEL_PREFIX
 from envbuild.errors import IntegrityError, UserError
-from envbuild.oci import DOCKER_MANIFEST, OCI_MANIFEST
+from envbuild.oci.layout import DOCKER_MANIFEST, OCI_MANIFEST
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.ref import ImageRef
 from envbuild.snapshot import pyenv

@@ -109,7 +109,7 @@ def from_snapshot(path: Path, paths: Paths) -> ApplyInput:
     """The spec and lock a snapshot names, found by their digests: first among this machine's
     generations (which keep copies), then at the paths the snapshot records (relative to the
     current directory, where the repository is)."""
-    from envbuild.snapshot.model import load_snapshot
+    from envbuild.snapshot.model.core import load_snapshot
 
     snap = load_snapshot(path)
     ref = snap.spec

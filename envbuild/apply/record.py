@@ -13,7 +13,7 @@ from envbuild.apply.probe import SystemProbe
 from envbuild.apply.services import Systemctl
 from envbuild.fsio import canonical_json, write_atomic
 from envbuild.snapshot.core import Options, take_snapshot
-from envbuild.snapshot.model import SpecRef
+from envbuild.snapshot.model.core import SpecRef
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ def base_stage(
     """The base's layers from the store, built or pulled once per store (see
     envbuild.build.base), a built one's mtimes ``sde`` (the plan's SOURCE_DATE_EPOCH)."""
     kept: list[str] = []
-    from envbuild.build.base import build_base
+    from envbuild.build.base.core import build_base
 
     pinned = lock.envbuild.base
     if isinstance(pinned, DebianBaseLock) and not pinned.packages:

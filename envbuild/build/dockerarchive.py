@@ -28,8 +28,8 @@ from envbuild.build.image import Image, blob_role, manifest_json
 from envbuild.build.layers import Compression
 from envbuild.errors import ToolFailed
 from envbuild.fsio import atomic_writer, compact_json
-from envbuild.oci import IMAGE_NAME, OCI_INDEX, OCI_LAYOUT, REF_NAME
 from envbuild.oci.compression import MEDIA_TYPES, open_uncompressed
+from envbuild.oci.layout import IMAGE_NAME, OCI_INDEX, OCI_LAYOUT, REF_NAME
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Store
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from envbuild.build.layers import Layer
 from envbuild.errors import ManifestError
 from envbuild.fsio import compact_json
-from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME
+from envbuild.oci.layout import OCI_CONFIG, OCI_MANIFEST, REF_NAME
 from envbuild.store.core import Store
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict
 from envbuild.build.entries import Entry, arrange
 from envbuild.build.tarwrite import CHUNK, Sink, TarCounts, write_tar
 from envbuild.errors import LayerError, UserError
-from envbuild.oci import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.oci.compression import MEDIA_TYPES
+from envbuild.oci.layout import Compression as Compression  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.proc import core as proc
 from envbuild.store.core import Store
 

@@ -25,7 +25,7 @@ from envbuild.build.image import Image, blob_role
 from envbuild.build.tarwrite import CHUNK
 from envbuild.errors import IntegrityError, OutputError
 from envbuild.fsio import atomic_writer, compact_json, fsync_dir, write_atomic
-from envbuild.oci import OCI_INDEX, OCI_LAYOUT
+from envbuild.oci.layout import OCI_INDEX, OCI_LAYOUT
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Store
 

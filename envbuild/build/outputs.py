@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envbuild import __version__, oci
+from envbuild import __version__
 from envbuild.build import dockerarchive, image, ocilayout
 from envbuild.build.manifest import (
     MANIFEST_FILE,
@@ -41,6 +41,7 @@ from envbuild.build.manifest import (
 from envbuild.build.plan import Plan
 from envbuild.errors import OutputError
 from envbuild.fsio import canonical_json, fsync_dir, write_atomic
+from envbuild.oci import core as oci
 from envbuild.store.blobs import FileGuard
 from envbuild.store.core import Root, Store, output_root_name
 from envbuild.store.stamps import file_stamp

@@ -27,7 +27,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
-from envbuild import __version__, oci
+from envbuild import __version__
 from envbuild.build import image, ocilayout
 from envbuild.build.fetch import fetch_wheels
 from envbuild.build.manifest import BuildManifest
@@ -37,6 +37,7 @@ from envbuild.errors import InputFileError, IntegrityError, ManifestError
 from envbuild.fsio import canonical_json, compact_json, sha256_bytes, write_atomic
 from envbuild.lock.model import DebianBaseLock, Lock
 from envbuild.lock.wheels import WheelRef
+from envbuild.oci import core as oci
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from envbuild.cli import render
 from envbuild.cli.cacheopts import add_cache_args, store_with_cache
 from envbuild.cli.registryopts import add_registry_args, endpoint_from_args
 from envbuild.errors import ExitCode
-from envbuild.oci import COMPRESSION, Compression
+from envbuild.oci.layout import COMPRESSION, Compression
 from envbuild.progress import NULL, Progress, Task, reporting
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ module under ``envbuild.cli`` that defines its arguments and runs it.
 
 The top-level parser is made from this table alone, so ``envbuild --help`` (and a usage error)
 imports no command module and no stage of the core. Only the command that argv names has its
-module imported (:func:`envbuild.cli.build_parser`): that module's ``register(p)`` is given the
+module imported (:func:`envbuild.cli.main.build_parser`): that module's ``register(p)`` is given the
 command's own parser, already named and summarised here, and sets its description, its arguments
 and ``func``. What every command's parser shares (options, epilog, formatter) is added in one
 place, :func:`command_parser`.

@@ -53,7 +53,7 @@ def _words(parser: argparse.ArgumentParser) -> Words:
 
 def command_words() -> dict[str, Words]:
     """Every command's words, from its real parser ("" is the top level)."""
-    from envbuild.cli import build_parser
+    from envbuild.cli.main import build_parser
 
     top = build_parser()
     out = {"": _words(top)}

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         if args.python_only
         else BaseMode.PIN
     )
-    from envbuild.build.base import resolve_debian  # mmdebstrap's driver: only when locking
+    from envbuild.build.base.core import resolve_debian  # mmdebstrap's driver: only when locking
 
     store = Store(args.store) if args.store else None
     pinner = BasePinner(mode, store, None if mode is BaseMode.KEEP else resolve_debian)

@@ -10,7 +10,7 @@ from envbuild.cli.engineopts import docker_engine
 from envbuild.errors import ExitCode
 from envbuild.fsio import canonical_json, write_atomic
 from envbuild.snapshot.core import Options, take_snapshot
-from envbuild.snapshot.model import Snapshot
+from envbuild.snapshot.model.core import Snapshot
 from envbuild.snapshot.systemd import DEFAULT_PATTERN
 
 

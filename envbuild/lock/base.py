@@ -21,7 +21,7 @@ from envbuild.lock.model import (
     OciLayoutBaseLock,
     RootfsBaseLock,
 )
-from envbuild.oci import read_index
+from envbuild.oci.layout import read_index
 from envbuild.spec.load import LoadedSpec
 
 log = logging.getLogger(__name__)

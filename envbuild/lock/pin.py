@@ -1,7 +1,8 @@
 """The lock's base entry, and when ``envbuild lock`` runs mmdebstrap to pin a Debian base.
 
 A Debian base is pinned by the package set mmdebstrap installs for it: every package's name,
-version, architecture and .deb sha256 (:func:`envbuild.build.base.resolve_debian`). Resolving needs
+version, architecture and .deb sha256 (:func:`envbuild.build.base.core.resolve_debian`).
+Resolving needs
 mmdebstrap and the mirror, takes tens of seconds, and its answer moves whenever the mirror does.
 So a relock takes the set the previous lock pinned whenever nothing it was resolved from
 changed, and runs mmdebstrap only when something did:
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 Source = Literal["spec", "given", "reused", "resolved", "unpinned"]
 
 #: Resolves a Debian base's package set into the store (the build's base stage runs mmdebstrap:
-#: ``envbuild.build.base.resolve_debian``). The lock stage sits below the build, so the caller
+#: ``envbuild.build.base.core.resolve_debian``). The lock stage sits below the build, so the caller
 #: passes it in.
 DebianResolver = Callable[[Store, Any], DebianBaseLock]
 

@@ -1,4 +1,4 @@
-"""Layer compression: the media type each :class:`~envbuild.oci.Compression` is written as, the
+"""Layer compression: the media type each :class:`~envbuild.oci.core.Compression` is written as, the
 compression a layer media type (OCI or Docker) names, and a layer blob's uncompressed tar stream.
 Below the build, the registry and linkcheck, which all read layers."""
 

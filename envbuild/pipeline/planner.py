@@ -34,7 +34,7 @@ from envbuild.lock.core import find_lock
 from envbuild.lock.io import read_lock
 from envbuild.lock.model import Lock
 from envbuild.lock.wheels import WheelRef, select_wheels
-from envbuild.oci import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
+from envbuild.oci.layout import COMPRESSION as COMPRESSION  # noqa: PLC0414 (re-exported; defined there)
 from envbuild.proc import core as proc
 from envbuild.sourcebuild.requests import describe
 from envbuild.spec import LoadedSpec

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from envbuild.errors import AnswerTooLarge, IntegrityError, RegistryError, RegistryUnreachable
-from envbuild.oci import (
+from envbuild.oci.layout import (
     DOCKER_MANIFEST,
     DOCKER_MANIFEST_LIST,
     MAX_DOCUMENT,

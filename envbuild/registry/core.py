@@ -22,7 +22,8 @@ from typing import Any, Literal
 from envbuild import scratch
 from envbuild.engine import ContainerEngine, DockerEngine
 from envbuild.errors import IntegrityError, OutputError, RegistryError, ToolNotFound
-from envbuild.oci import OCI_MANIFEST, LayoutImage, open_layout, verify_layout
+from envbuild.oci.blobs import verify_layout
+from envbuild.oci.layout import OCI_MANIFEST, LayoutImage, open_layout
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.ref import ImageRef, parse_ref, parse_repo
 from envbuild.registry.referrers import pull_referrers, push_referrers

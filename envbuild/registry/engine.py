@@ -29,8 +29,15 @@ from envbuild import scratch
 from envbuild.engine import ContainerEngine
 from envbuild.errors import ToolFailed
 from envbuild.fsio import compact_json
-from envbuild.oci import OCI_CONFIG, OCI_MANIFEST, REF_NAME, Compression, Descriptor, LayoutImage
 from envbuild.oci.compression import compression_of, open_uncompressed
+from envbuild.oci.layout import (
+    OCI_CONFIG,
+    OCI_MANIFEST,
+    REF_NAME,
+    Compression,
+    Descriptor,
+    LayoutImage,
+)
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials
 from envbuild.registry.layout import add_blob

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from envbuild.fsio import compact_json, sha256_bytes, sha256_file, write_atomic
-from envbuild.oci import OCI_LAYOUT, OCI_MANIFEST, REF_NAME, Descriptor
+from envbuild.oci.layout import OCI_LAYOUT, OCI_MANIFEST, REF_NAME, Descriptor
 
 log = logging.getLogger(__name__)
 

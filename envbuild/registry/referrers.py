@@ -23,7 +23,7 @@ from typing import Any
 
 from envbuild.errors import InputFileError, IntegrityError, ManifestError, RegistryError
 from envbuild.fsio import compact_json, write_atomic
-from envbuild.oci import DIGEST_RE, OCI_INDEX, OCI_MANIFEST, read_index
+from envbuild.oci.layout import DIGEST_RE, OCI_INDEX, OCI_MANIFEST, read_index
 from envbuild.registry.api import RegistryApi
 
 log = logging.getLogger(__name__)

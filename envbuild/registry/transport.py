@@ -16,7 +16,7 @@ from pathlib import Path
 
 from envbuild import scratch
 from envbuild.errors import IntegrityError, RegistryError, ToolFailed
-from envbuild.oci import REF_NAME, LayoutImage
+from envbuild.oci.layout import REF_NAME, LayoutImage
 from envbuild.proc import core as proc
 from envbuild.registry.api import Endpoint
 from envbuild.registry.auth import Credentials, auth_file

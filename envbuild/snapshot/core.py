@@ -1,8 +1,9 @@
 """The snapshot stage: what a machine (or an image) really is, as a versioned manifest.
 
 :func:`take_snapshot` asks each part (host, GPUs, Python environments, CUDA toolkits, Docker,
-systemd, the Hugging Face cache) and assembles a :class:`~envbuild.snapshot.model.Snapshot`. Each
-part reads only what its user can read and changes nothing.
+systemd, the Hugging Face cache) and assembles a
+:class:`~envbuild.snapshot.model.core.Snapshot`. Each part reads only what its user can read
+and changes nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from envbuild.snapshot import (
     systemd,
     torchinfo,
 )
-from envbuild.snapshot.model import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
+from envbuild.snapshot.model.core import SCHEMA_VERSION, Snapshot, load_snapshot, parse_snapshot
 from envbuild.snapshot.model.pyenv import LinkFinding, PythonEnv
 from envbuild.snapshot.redact import Redactor
 

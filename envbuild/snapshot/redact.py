@@ -10,7 +10,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from envbuild.snapshot.model import REDACTED
+from envbuild.snapshot.model.core import REDACTED
 from envbuild.spec.secrets import TOKENS, secret_name
 
 log = logging.getLogger(__name__)

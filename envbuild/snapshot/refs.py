@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Tag, ValidationError,
 from envbuild.errors import ManifestError, NewerFormat
 from envbuild.fsio import sha256_bytes, sha256_file
 from envbuild.snapshot.jsonfile import read_json
-from envbuild.snapshot.model import ImageRef, SpecRef, validation_summary
+from envbuild.snapshot.model.core import ImageRef, SpecRef, validation_summary
 
 log = logging.getLogger(__name__)
 

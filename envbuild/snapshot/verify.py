@@ -14,7 +14,7 @@ from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.compare import DiffResult, compare
 from envbuild.snapshot.diff.machine import snapshot_facts
 from envbuild.snapshot.gpu import gpu_warnings
-from envbuild.snapshot.model import Snapshot, load_snapshot
+from envbuild.snapshot.model.core import Snapshot, load_snapshot
 from envbuild.snapshot.nvml import Nvml
 from envbuild.snapshot.records import Mode
 

@@ -9,7 +9,8 @@ and warning at once; it never stops at the first.
 from __future__ import annotations
 
 from envbuild.errors import Problem
-from envbuild.spec.checks import Check, builds, consistency, serve, spec_gpus, stack
+from envbuild.spec.checks import builds, consistency, serve, stack
+from envbuild.spec.checks.core import Check, spec_gpus
 from envbuild.spec.load import LoadedSpec
 
 #: Every check, in the order their problems are found (the report is sorted by place anyway).

@@ -43,7 +43,7 @@ from typing import IO, Protocol, Self
 from envbuild import scratch
 from envbuild.errors import IntegrityError, StoreError
 from envbuild.fsio import fsync_dir, no_space, rmtree
-from envbuild.oci import DIGEST_RE
+from envbuild.oci.layout import DIGEST_RE
 from envbuild.store.stamps import Stamps, open_regular
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ def store_error(root: Path, exc: OSError, doing: str, where: Path | None = None)
 
 
 class Readable(Protocol):
-    """What :meth:`BlobStore.add_stream` reads from (a file, :class:`envbuild.oci.BlobStream`)."""
+    """What :meth:`BlobStore.add_stream` reads from (a file, an
+    :class:`envbuild.oci.core.BlobStream`)."""
 
     def read(self, n: int = -1, /) -> bytes: ...
 

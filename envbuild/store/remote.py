@@ -30,7 +30,8 @@ from pydantic import ValidationError
 
 from envbuild.engine import ContainerEngine
 from envbuild.errors import IntegrityError, RegistryUnreachable
-from envbuild.oci import LayoutImage, open_blob, open_layout
+from envbuild.oci.blobs import open_blob
+from envbuild.oci.layout import LayoutImage, open_layout
 from envbuild.registry import core as registry
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.core import PushResult

@@ -16,7 +16,7 @@ from support.wheels import make_wheel
 from envbuild.adopt import Options, adopt, serving
 from envbuild.adopt.specfile import read_unit
 from envbuild.errors import SpecError
-from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.core import load_snapshot
 from envbuild.spec.model import Model, Serve
 from envbuild.spec.serveflags import table
 from envbuild.spec.validate import validate

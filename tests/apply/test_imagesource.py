@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from envbuild.apply.imagesource import ImageSource, open_image
 from envbuild.errors import EnvbuildError
-from envbuild.oci import OCI_MANIFEST
+from envbuild.oci.layout import OCI_MANIFEST
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.ref import ImageRef
 from envbuild.store.core import Store

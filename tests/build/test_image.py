@@ -21,7 +21,7 @@ from envbuild.build.dockerarchive import DOCKER_ARCHIVE, write_docker_archive
 from envbuild.build.image import History, Image, OciImageConfig, epoch_time, write_image
 from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.oci import open_layout
+from envbuild.oci.layout import open_layout
 from envbuild.store.core import Store
 
 HELLO = """#!/usr/bin/python3

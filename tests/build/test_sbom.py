@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbuild import oci
 from envbuild.build import sbom
 from envbuild.errors import IntegrityError, ManifestError
+from envbuild.oci import core as oci
 
 
 def _wheel(path: Path, metadata: str) -> Path:

@@ -13,7 +13,7 @@ import pytest
 from envbuild.errors import SpecError
 from envbuild.lock.base import lock_base
 from envbuild.lock.model import OciLayoutBaseLock
-from envbuild.oci import OCI_LAYOUT, OCI_MANIFEST
+from envbuild.oci.layout import OCI_LAYOUT, OCI_MANIFEST
 from envbuild.spec.load import load_spec
 
 BODY = (

@@ -20,7 +20,7 @@ from envbuild.build import sbom
 from envbuild.build.image import History, OciImageConfig, write_image
 from envbuild.build.layers import Compression
 from envbuild.build.ocilayout import write_oci_layout
-from envbuild.oci import open_layout
+from envbuild.oci.layout import open_layout
 from envbuild.store.core import Store
 
 pytestmark = pytest.mark.registry

@@ -16,7 +16,7 @@ import pytest
 from support.nvsmi import check_against_xml
 
 from envbuild.snapshot.gpu import read_gpus, unit_of_pid
-from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.core import load_snapshot
 from envbuild.snapshot.model.gpu import GpuSection
 from envbuild.snapshot.nvml import GpuUnavailable, Nvml, PyNvml
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from support.recordednvml import h200
 
 from envbuild.snapshot import gpu, nvml
-from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.core import load_snapshot
 from envbuild.snapshot.model.gpu import GpuConfig, GpuSection
 
 SCOPE = ("--no-docker", "--no-systemd", "--no-models")

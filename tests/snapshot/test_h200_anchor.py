@@ -10,7 +10,7 @@ from pathlib import Path
 
 from support.nvsmi import check_against_xml
 
-from envbuild.snapshot.model import load_snapshot
+from envbuild.snapshot.model.core import load_snapshot
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SNAPSHOT = FIXTURES / "h200-snapshot-held.json"

@@ -19,7 +19,7 @@ from envbuild.errors import ManifestError
 from envbuild.fsio import canonical_json
 from envbuild.snapshot.core import Options, take_snapshot
 from envbuild.snapshot.diff.render import render_text
-from envbuild.snapshot.model import parse_snapshot
+from envbuild.snapshot.model.core import parse_snapshot
 from envbuild.snapshot.verify import verify
 from snapshot.conftest import pip_install, site_packages
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envbuild.snapshot.model import REDACTED
+from envbuild.snapshot.model.core import REDACTED
 from envbuild.snapshot.redact import Redactor
 from envbuild.spec.secrets import TOKEN_PATTERNS, arg_secrets, named_secret, secret_name, token_kind
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 from envbuild.fsio import canonical_json
-from envbuild.snapshot.model import SCHEMA_FILE, schema
+from envbuild.snapshot.model.core import SCHEMA_FILE, schema
 
 
 def test_committed_schema_is_current() -> None:
     assert SCHEMA_FILE.read_text() == canonical_json(schema()), (
-        "regenerate: python -c 'from envbuild.snapshot.model import write_schema; write_schema()'"
+        "regenerate: python -c "
+        "'from envbuild.snapshot.model.core import write_schema; write_schema()'"
     )
 
 

@@ -23,7 +23,7 @@ from envbuild.build.base.rootfs import base_from_output, import_image
 from envbuild.build.base.tarsafe import Limits
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.lock.model import ImageBaseLock
-from envbuild.oci import DIGEST_RE, INDEX_TYPES
+from envbuild.oci.layout import DIGEST_RE, INDEX_TYPES
 from envbuild.proc import core as proc
 from envbuild.store.blobs import digest_hex
 from envbuild.store.core import Output, Store

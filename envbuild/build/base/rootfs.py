@@ -20,7 +20,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envbuild import oci
 from envbuild.build.base.filekind import sniff
 from envbuild.build.base.model import DEFAULT_PATH, BaseImage
 from envbuild.build.base.tarread import (
@@ -39,8 +38,9 @@ from envbuild.build.layers import Compression, Layer, compressor_id, write_layer
 from envbuild.errors import IntegrityError, ManifestError
 from envbuild.fsio import sha256_file
 from envbuild.lock.model import BaseLock, OciLayoutBaseLock, RootfsBaseLock
-from envbuild.oci import open_layout
+from envbuild.oci import core as oci
 from envbuild.oci.compression import MEDIA_TYPES, compression_of
+from envbuild.oci.layout import open_layout
 from envbuild.store.core import Output, Store
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from envbuild.snapshot.diff.machine import GPU_CONFIG, snapshot_facts
 from envbuild.snapshot.diff.manifest import build_manifest_facts
 from envbuild.snapshot.diff.same import Contents, contents, same_mode
 from envbuild.snapshot.jsonfile import read_json
-from envbuild.snapshot.model import KIND, Snapshot, parse_snapshot
+from envbuild.snapshot.model.core import KIND, Snapshot, parse_snapshot
 from envbuild.snapshot.refs import check_build_manifest
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import logging
 from envbuild.snapshot.diff.envfacts import env_facts
 from envbuild.snapshot.diff.facts import Fact, Side, count_text, flag_text, size_text
 from envbuild.snapshot.diff.manifest import layer_facts, ref_facts, setid_facts
-from envbuild.snapshot.model import Snapshot
+from envbuild.snapshot.model.core import Snapshot
 from envbuild.snapshot.model.gpu import Gpu
 from envbuild.snapshot.model.pyenv import PythonEnv
 

@@ -13,7 +13,7 @@ from packaging.version import Version
 from envbuild.errors import Problem
 from envbuild.spec import archs, facts
 from envbuild.spec import knowledge as kb
-from envbuild.spec.checks import WARNING, SpecGpu, capabilities
+from envbuild.spec.checks.core import WARNING, SpecGpu, capabilities
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 

@@ -16,7 +16,7 @@ from envbuild.errors import Problem
 from envbuild.spec import facts
 from envbuild.spec import knowledge as kb
 from envbuild.spec import secrets as sec
-from envbuild.spec.checks import WARNING, SpecGpu
+from envbuild.spec.checks.core import WARNING, SpecGpu
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.locate import KeyPath
 from envbuild.spec.model import SECRET_REF, DebianBase

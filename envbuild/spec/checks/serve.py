@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from envbuild.errors import Problem
 from envbuild.spec import facts, serveflags
 from envbuild.spec import knowledge as kb
-from envbuild.spec.checks import WARNING, SpecGpu, capabilities
+from envbuild.spec.checks.core import WARNING, SpecGpu, capabilities
 from envbuild.spec.load import LoadedSpec
 from envbuild.spec.model import Spec
 

@@ -274,7 +274,7 @@ def test_the_oci_layout_test_tools_agree(tmp_path):
 
 def test_the_spec_sets_the_limit(tmp_path):
     """``base.max_unpacked_gib`` reaches the reader through build_base."""
-    from envbuild.build.base import build_base
+    from envbuild.build.base.core import build_base
     from envbuild.spec.load import load_spec
 
     (tmp_path / ".git").mkdir()

@@ -29,8 +29,8 @@ from envbuild.build.layers import Compression, Layer
 from envbuild.build.ocilayout import write_oci_layout
 from envbuild.errors import EnvbuildError, ExitCode, UserError
 from envbuild.lock.model import OciLayoutBaseLock, RootfsBaseLock
-from envbuild.oci import OCI_MANIFEST
 from envbuild.oci.compression import open_uncompressed
+from envbuild.oci.layout import OCI_MANIFEST
 from envbuild.store.core import Store
 
 from .tarcheck import (
