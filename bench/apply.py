@@ -234,7 +234,7 @@ class Stamped(io.TextIOBase):  # each line of the log with the seconds since the
 sys.stderr = Stamped(sys.stderr)
 from envbuild.apply import host as hostmod
 from envbuild.apply.probe import SystemProbe
-from envbuild.cli import main
+from envbuild.cli.main import main
 from support.fakesystemd import FakeNvml
 real, gpus = hostmod.real_host, json.loads(os.environ["BENCH_GPUS"])
 def host(root, hf_home=hostmod.HF_HOME):

@@ -12,7 +12,7 @@ import pytest
 from support.dockerd import docker_host  # noqa: F401
 from support.registry import registry, registry_auth, registry_tls  # noqa: F401
 
-from envbuild.cli import main
+from envbuild.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ HEAVY = ("docker", "jinja2", "huggingface_hub", "cyclonedx", "elftools", "rich")
 
 _SCRIPT = """\
 import json, sys
-from envbuild.cli import main
+from envbuild.cli.main import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:
@@ -45,8 +45,9 @@ def test_help_imports_no_command_module_no_model_and_no_heavy_library():
         code, modules = loaded_by(*argv)
         assert code in (0, 2), argv
         ours = sorted(m for m in modules if m.startswith("envbuild."))
-        assert ours == ["envbuild.cli", "envbuild.cli.commands", "envbuild.cli.render",
-                        "envbuild.errors", "envbuild.fsio"], (argv, ours)  # fmt: skip
+        assert ours == ["envbuild.cli", "envbuild.cli.commands", "envbuild.cli.main",
+                        "envbuild.cli.render", "envbuild.errors", "envbuild.fsio"], (
+            argv, ours)  # fmt: skip
         assert not _top(modules) & {*HEAVY, "pydantic", "packaging"}, argv
 
 

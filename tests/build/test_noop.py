@@ -30,7 +30,7 @@ PATCH = """\
 """
 _SCRIPT = """\
 import json, sys
-from envbuild.cli import main
+from envbuild.cli.main import main
 code = main(sys.argv[1:])
 sys.stderr.write("\\nLOADED " + json.dumps(sorted(sys.modules)) + "\\n")
 raise SystemExit(code)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from envbuild.apply import host as hostmod
-from envbuild.cli import main
+from envbuild.cli.main import main
 from support.fakesystemd import fake_host
 
 

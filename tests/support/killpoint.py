@@ -30,7 +30,7 @@ from typing import Any
 
 import envbuild.pipeline.core as build_mod
 from envbuild.build import outputs, tarwrite
-from envbuild.cli import main
+from envbuild.cli.main import main
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 KILL_AT = int(sys.argv[1])
