@@ -9,7 +9,7 @@ artifact (``artifactType`` ``application/vnd.cyclonedx+json``) whose ``subject``
 manifest: an OCI 1.1 referrer, listed in ``index.json`` with its ``artifactType`` so readers that
 want the image skip it.
 
-Public API: :func:`make_sbom` (bytes), :func:`artifact_manifest` (its referrer), :func:`attach`
+It offers :func:`make_sbom` (bytes), :func:`artifact_manifest` (its referrer), :func:`attach`
 (into an existing layout), :func:`read_attached`
 (the SBOM of a layout's image, checked), :func:`wheel_license`, and :func:`image_sbom`, the
 build's SBOM stage (all three blobs made once per build manifest and kept in the store).

@@ -6,7 +6,7 @@ needs: the spec's hash, the target, the source builds (as sdists, with their fla
 with their digests, and the base. Later stages (build, apply, registry) read it with
 :func:`read_lock`.
 
-Public API:
+What it offers:
 
 * :func:`lock_path` — where a spec's lock lives (and is written);
 * :func:`find_lock` — the lock to read: :func:`lock_path`, or for one release the old name

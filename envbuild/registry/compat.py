@@ -2,7 +2,7 @@
 build, push, load and in CI. The facts (first version of each tool that reads zstd layers, with
 their sources) live in ``envbuild/spec/engines.toml``.
 
-Public API: :func:`reads_zstd` (does this tool at this version read zstd layers),
+It offers :func:`reads_zstd` (does this tool at this version read zstd layers),
 :func:`compression_note` (the one line said when layers of a compression are pushed or built).
 """
 

@@ -8,7 +8,7 @@ referrers tag schema's fallback: an index at tag ``sha256-<image hex>`` listing 
 the referrers API (``GET /v2/<repo>/referrers/<digest>``), else that tag, and copies each
 artifact of the wanted types into the layout, every digest checked.
 
-Public API: :func:`layout_referrers`, :func:`push_referrers`, :func:`pull_referrers`.
+It offers :func:`layout_referrers`, :func:`push_referrers`, :func:`pull_referrers`.
 """
 
 from __future__ import annotations
