@@ -2,7 +2,6 @@
 
 Its code is in :mod:`envbuild.adopt.core` and the modules beside it."""
 
-
 from __future__ import annotations
 
 from envbuild.adopt.core import Options, adopt

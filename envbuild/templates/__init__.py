@@ -2,4 +2,3 @@
 ``host-setup.sh.j2`` script, ``Dockerfile.j2``), and the one environment they all render with.
 
 Its code is in :mod:`envbuild.templates.core` and the modules beside it."""
-
