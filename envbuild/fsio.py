@@ -26,14 +26,26 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 
 
+def _json(obj: Any, **how: Any) -> str:
+    """UTF-8 as is; a value holding a name that is not UTF-8 (a file name read from an archive
+    or a disk, kept as surrogates) makes the whole document ``\\uXXXX``-escaped instead, so
+    that it can be written and read back as it was, never a UnicodeEncodeError."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, **how)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, sort_keys=True, ensure_ascii=True, **how)
+    return text
+
+
 def canonical_json(obj: Any) -> str:
     """Sorted keys, two-space indent, UTF-8 as is, one trailing newline."""
-    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    return _json(obj, indent=2) + "\n"
 
 
 def compact_json(obj: Any) -> bytes:
     """The form whose sha256 names a value: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _json(obj, separators=(",", ":")).encode()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -61,3 +61,18 @@ def test_rmtree_removes_a_tree_with_read_only_folders_a_file_or_nothing(tmp_path
         fsio.rmtree(path)
         assert not os.path.lexists(path)
     assert (tmp_path / "kept").is_dir()  # a link is removed, not what it points at
+
+
+def test_json_of_a_name_that_is_not_utf8_is_escaped_and_reads_back() -> None:
+    """A setuid file or a member name read with surrogateescape can reach a manifest: the
+    document is written (escaped), reads back to the same value, and other documents keep
+    their UTF-8 bytes as they were (their digests do not move)."""
+    import json
+
+    from envbuild.fsio import canonical_json, compact_json
+
+    odd = {"setid": {"usr/bin/\udce9": "4755"}, "author": "Zoë"}
+    for text in (canonical_json(odd), compact_json(odd).decode()):
+        assert json.loads(text) == odd
+        text.encode()
+    assert compact_json({"author": "Zoë"}) == '{"author":"Zoë"}'.encode()
