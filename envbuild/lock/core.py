@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,8 +107,12 @@ def legacy_lock_path(loaded: LoadedSpec) -> Path:
 
 
 def rename_hint(loaded: LoadedSpec) -> str:
-    """The command that moves a lock from its old name to PEP 751's (history follows)."""
-    return f"git mv {loaded.display(legacy_lock_path(loaded))} {loaded.display(lock_path(loaded))}"
+    """The command that moves a lock from its old name to PEP 751's (history follows), as it
+    runs from where the user is: ``git -C <repository>`` unless that is here."""
+    old, new = loaded.repo_path(legacy_lock_path(loaded)), loaded.repo_path(lock_path(loaded))
+    here = Path.cwd().resolve() == Path(loaded.root).resolve()
+    git = "git" if here else f"git -C {shlex.quote(str(loaded.root))}"
+    return f"{git} mv {old} {new}"
 
 
 def find_lock(loaded: LoadedSpec) -> Path:
