@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,12 @@ from support.registry import registry, registry_auth, registry_tls  # noqa: F401
 from envbuild.cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The tests' own `uv pip install`s copy files out of uv's cache: many tests edit an installed
+# file by hand, and an edit in place of a hard link edits the cache (every later install of
+# that wheel, in any test, got the edit). envbuild's own uv children do not see this variable
+# (proc.uv_env passes only the network and cache ones) and pass --link-mode themselves.
+os.environ["UV_LINK_MODE"] = "copy"
 
 
 @dataclass

@@ -42,11 +42,14 @@ def uv(*args: str | Path, cache: Path | None = None) -> None:
 
 
 def make_venv(path: Path, *requirements: str, find_links: Path | None = None) -> Path:
-    """``uv venv`` and ``uv pip install`` (offline from ``find_links`` when given)."""
+    """``uv venv`` and ``uv pip install`` (offline from ``find_links`` when given). Files are
+    copied, not hard-linked from uv's cache: the tests edit them by hand, and an edit in place
+    of a link would edit the cache (every later install of that wheel got the edit)."""
     uv("venv", "-q", "--python", "3.11", path)
     if requirements:
         where = ["--no-index", "--find-links", str(find_links)] if find_links else []
-        uv("pip", "install", "-q", "--python", path / "bin" / "python", *where, *requirements)
+        py = path / "bin" / "python"
+        uv("pip", "install", "-q", "--link-mode=copy", "--python", py, *where, *requirements)
     return path
 
 
