@@ -40,11 +40,18 @@ from envbuild.apply import venv as venvs
 from envbuild.apply.imagesource import ImageLayer, ImageSource, fetch_blob
 from envbuild.apply.inputs import ApplyInput
 from envbuild.apply.paths import Paths
-from envbuild.apply.realize import Found, RealizedGeneration, find_reusable, interpreter_of
+from envbuild.apply.realize import (
+    Found,
+    RealizedGeneration,
+    find_reusable,
+    finish_generation,
+    interpreter_of,
+    start_generation,
+)
 from envbuild.build.base.tarread import each_member, located, open_stream, open_tar
 from envbuild.build.base.tarsafe import Tree
 from envbuild.errors import EnvironmentFailure, IntegrityError, UserError
-from envbuild.fsio import canonical_json, fsync_dir, sha256_file, write_atomic
+from envbuild.fsio import sha256_file, write_atomic
 from envbuild.oci.blobs import layer_compression
 from envbuild.snapshot import pyenv
 from envbuild.spec.model import Spec
@@ -201,16 +208,9 @@ def realize(
 
 def build(paths: Paths, inp: ApplyInput, src: ImageSource, store: Store) -> gens.Generation:
     chash = generation_hash(paths, inp, src)
-    number = gens.next_number(paths)
-    final = paths.generations / gens.dir_name(number, chash)
-    tmp = paths.generations / f".tmp-{number}-{chash}-{os.getpid()}"
-    paths.generations.mkdir(parents=True, exist_ok=True)
-    gens.remove_tree(tmp)
-    tmp.mkdir()
-    log.info("building generation %d (%s) from the image %s", number, chash[:12], src.name)
+    draft = start_generation(paths, inp, chash, f"the image {src.name}")
+    number, final, tmp = draft.number, draft.final, draft.tmp
     spec = inp.spec
-    write_atomic(tmp / "spec.json", canonical_json(spec.model_dump(mode="json")))
-    write_atomic(tmp / "pylock.toml", inp.lock_text)
     venv = tmp / "venv"
     with store.session():  # gc waits: no tree goes before the generation's root names it
         tree = Tree(src.name)
@@ -253,13 +253,9 @@ def build(paths: Paths, inp: ApplyInput, src: ImageSource, store: Store) -> gens
             trees=trees, overlaps=winners, link_mode=link_mode, image=src.name,
             venv_files=shared.own_files(venv, own),
         )  # fmt: skip
-        write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
-        shared.freeze(tmp, meta.venv_files)
-        store.set_root(shared.root_name(final), trees=trees.values(), generation=final)
-        os.rename(tmp, final)
-        fsync_dir(paths.generations)
+        gen = finish_generation(paths, draft, meta, store, trees.values())
     log.info("generation %d is complete: %s (from %s)", number, final, src.name)
-    return gens.Generation(number, final, meta)
+    return gen
 
 
 def _link(

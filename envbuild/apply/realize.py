@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,16 +145,9 @@ def build_generation(
     chash: str,
     store: Store,
 ) -> gens.Generation:
-    number = gens.next_number(paths)
-    final = paths.generations / gens.dir_name(number, chash)
-    tmp = paths.generations / f".tmp-{number}-{chash}-{os.getpid()}"
-    paths.generations.mkdir(parents=True, exist_ok=True)
-    gens.remove_tree(tmp)
-    tmp.mkdir()
-    log.info("building generation %d (%s) from %s", number, chash[:12], inp.lock_path)
+    draft = start_generation(paths, inp, chash, str(inp.lock_path))
+    number, final, tmp = draft.number, draft.final, draft.tmp
     spec = inp.spec
-    write_atomic(tmp / "spec.json", canonical_json(spec.model_dump(mode="json")))
-    write_atomic(tmp / "pylock.toml", inp.lock_text)
     install = tmp / venvs.INSTALL_LOCK
     venvs.link_wheels(tmp, wheels)
     write_atomic(install, venvs.install_lock(inp.lock, inp.lock_text, wheels))
@@ -207,18 +201,55 @@ def build_generation(
             link_mode=assembled.link_mode,
             venv_files=shared.own_files(tmp / "venv", assembled.own),
         )
-        write_atomic(tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
-        shared.freeze(tmp, meta.venv_files)
-        store.set_root(
-            shared.root_name(final),
-            trees=assembled.trees.values(),
-            derivations=assembled.choices,
-            generation=final,
+        gen = finish_generation(
+            paths, draft, meta, store, assembled.trees.values(), assembled.choices
         )
-        os.rename(tmp, final)
-        fsync_dir(paths.generations)
     log.info(
         "generation %d is complete: %s (%d distributions, %d installed now, files %s)",
         number, final, len(assembled.trees), len(assembled.made), assembled.link_mode + "ed",
     )  # fmt: skip
-    return gens.Generation(number, final, meta)
+    return gen
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A generation being made: its number, the folder it will be, the one it is made in."""
+
+    number: int
+    final: Path
+    tmp: Path
+
+
+def start_generation(paths: Paths, inp: ApplyInput, chash: str, source: str) -> Draft:
+    """The next generation's folder, made empty under a temporary name, with the spec and the
+    lock it is made from (the same for a generation from wheels and one from an image)."""
+    number = gens.next_number(paths)
+    final = paths.generations / gens.dir_name(number, chash)
+    tmp = paths.generations / f".tmp-{number}-{chash}-{os.getpid()}"
+    paths.generations.mkdir(parents=True, exist_ok=True)
+    gens.remove_tree(tmp)
+    tmp.mkdir()
+    log.info("building generation %d (%s) from %s", number, chash[:12], source)
+    write_atomic(tmp / "spec.json", canonical_json(inp.spec.model_dump(mode="json")))
+    write_atomic(tmp / "pylock.toml", inp.lock_text)
+    return Draft(number, final, tmp)
+
+
+def finish_generation(
+    paths: Paths,
+    draft: Draft,
+    meta: gens.GenerationMeta,
+    store: Store,
+    trees: Iterable[str],
+    derivations: Iterable[str] = (),
+) -> gens.Generation:
+    """Write ``meta`` last, make the folder read-only, root its trees (and ``derivations``) in
+    the store, and give it its name: only then is it a generation. Call in a store session."""
+    write_atomic(draft.tmp / gens.META, canonical_json(meta.model_dump(mode="json")))
+    shared.freeze(draft.tmp, meta.venv_files)
+    store.set_root(
+        shared.root_name(draft.final), trees=trees, derivations=derivations, generation=draft.final
+    )
+    os.rename(draft.tmp, draft.final)
+    fsync_dir(paths.generations)
+    return gens.Generation(draft.number, draft.final, meta)
