@@ -7,6 +7,7 @@ naming the file and what is wrong, through the real build path of both kinds of 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -190,3 +191,27 @@ def test_setuid_and_setgid_files_are_kept_and_shown(
     data = cli("diff", before, manifest, "--json").json()
     [group] = [g for g in data["groups"] if g["key"] == "setid"]
     assert [c["subject"] for c in group["changes"]] == ["usr/bin/ls"]
+
+
+def test_a_setuid_file_whose_name_is_not_utf8_is_recorded_escaped(
+    repo: Path, cli: Build, store: Path
+) -> None:
+    """A member named with bytes that are not UTF-8 (b'bin/su\\xe9') and mode 4755: the build
+    ends (was: UnicodeEncodeError, exit 4, writing the manifest; found by the OCI layout fuzz)
+    and the manifest names it as text, its odd byte as \\xe9."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT,
+                      encoding="utf-8", errors="surrogateescape") as tf:  # fmt: skip
+        info = tarfile.TarInfo("bin")
+        info.type, info.mode = DIR, 0o755
+        tf.addfile(info)
+        info = tarfile.TarInfo(b"bin/su\xe9".decode("utf-8", "surrogateescape"))
+        info.mode, info.size = 0o4755, 4
+        tf.addfile(info, io.BytesIO(b"\x7fELF"))
+    (repo / "root.tar").write_bytes(buf.getvalue())
+    spec = write_project(repo, "oddname", [], base=repo / "root.tar")
+    done = cli("build", "--store", store, "--output", repo / "out", "--json", spec)
+    assert done.exit_code == 0, done.stderr
+    assert done.json()["base"]["setid"] == {"bin/su\\xe9": "4755"}
+    manifest = json.loads((repo / "out" / "build-manifest.json").read_text(encoding="utf-8"))
+    assert manifest["base"]["setid"] == {"bin/su\\xe9": "4755"}

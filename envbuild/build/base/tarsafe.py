@@ -421,9 +421,16 @@ class Tree:
 
     def setid(self) -> dict[str, str]:
         """The setuid and setgid files of the tree (path -> octal mode), sorted: kept, since a
-        base needs them (``su``, ``passwd``, ``mount``), and recorded in the build manifest."""
-        found = {path: f"{node.mode:04o}" for path, node in self._walk() if node.mode}
+        base needs them (``su``, ``passwd``, ``mount``), and recorded in the build manifest. A
+        path that is not UTF-8 is named with ``\\xNN`` for its odd bytes (the manifest is JSON
+        text: what it names must be text any reader can read)."""
+        found = {_text(path): f"{node.mode:04o}" for path, node in self._walk() if node.mode}
         return dict(sorted(found.items()))
+
+
+def _text(path: str) -> str:
+    """``path`` as text: bytes that are not UTF-8 (kept as surrogates) shown as ``\\xNN``."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _setid(mode: int) -> int:
