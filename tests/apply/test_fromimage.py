@@ -22,6 +22,7 @@ import pytest
 from apply.conftest import Machine
 from support.project import write_project
 from support.registry import Registry
+from support.venvlisting import listing
 from support.wheels import make_wheel, ref
 
 from envbuild.apply import generations as gens
@@ -29,24 +30,6 @@ from envbuild.apply.paths import Paths
 from envbuild.proc import core as proc
 
 pytestmark = pytest.mark.registry
-
-
-def listing(venv: Path) -> dict[str, tuple[str, int, bytes | str]]:
-    """Every entry under ``venv``: kind, mode less the write bits, bytes or link target."""
-    out: dict[str, tuple[str, int, bytes | str]] = {}
-    for top, dirs, names in os.walk(venv):
-        for name in [*dirs, *names]:
-            path = Path(top) / name
-            st_ = os.lstat(path)
-            mode = stat.S_IMODE(st_.st_mode) & ~0o222
-            rel = str(path.relative_to(venv))
-            if stat.S_ISLNK(st_.st_mode):
-                out[rel] = ("link", 0, os.readlink(path))
-            elif stat.S_ISDIR(st_.st_mode):
-                out[rel] = ("dir", mode, b"")
-            else:
-                out[rel] = ("file", mode, path.read_bytes())
-    return out
 
 
 def closed_port() -> int:

@@ -13,6 +13,7 @@ import pytest
 from apply.conftest import Experiment, Machine, hand_edit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.venvlisting import listing
 
 from envbuild.apply import generations as gens
 from envbuild.apply.venv import INSTALL_LOCK, build_venv
@@ -22,27 +23,6 @@ from envbuild.store.trees import Trees, read_manifest
 
 def site(venv: Path) -> Path:
     return next((venv / "lib").glob("python3.*/site-packages"))
-
-
-def listing(venv: Path) -> dict[str, tuple[str, int, bytes | str]]:
-    """Every entry under ``venv``: its kind, its mode without write bits, its bytes (or its
-    link's target). Python's bytecode caches are left out (written on import)."""
-    out: dict[str, tuple[str, int, bytes | str]] = {}
-    for top, dirs, names in os.walk(venv):
-        for name in [*dirs, *names]:
-            path = Path(top) / name
-            rel = str(path.relative_to(venv))
-            if "__pycache__" in rel:
-                continue
-            st_ = os.lstat(path)
-            mode = stat.S_IMODE(st_.st_mode) & ~0o222
-            if stat.S_ISLNK(st_.st_mode):
-                out[rel] = ("link", 0, os.readlink(path))
-            elif stat.S_ISDIR(st_.st_mode):
-                out[rel] = ("dir", mode, b"")
-            else:
-                out[rel] = ("file", mode, path.read_bytes())
-    return out
 
 
 def store() -> Store:
@@ -90,7 +70,7 @@ def test_a_shared_generation_is_the_plain_install_file_for_file(
     }
     plain = tmp_path / "plain"
     build_venv(plain, "3.11", gen.path / INSTALL_LOCK)
-    shared, alone = listing(gen.venv), listing(plain)
+    shared, alone = listing(gen.venv, bytecode=False), listing(plain, bytecode=False)
     # folders too: an empty one a wheel ships is the plain install's
     assert shared.get("lib/python3.11/site-packages/emptydir/instrumentation", ("?",))[0] == "dir"
     assert sorted(shared) == sorted(alone)
