@@ -21,8 +21,8 @@ from typing import Any
 
 from envbuild.apply.inputs import ApplyInput
 from envbuild.build.config import LABEL_PREFIX
-from envbuild.errors import IntegrityError, UserError
-from envbuild.oci.layout import DOCKER_MANIFEST, OCI_MANIFEST
+from envbuild.errors import InputFileError, IntegrityError, UserError
+from envbuild.oci.layout import DOCKER_MANIFEST, OCI_MANIFEST, Descriptor
 from envbuild.registry.api import Endpoint, RegistryApi
 from envbuild.registry.ref import ImageRef
 from envbuild.snapshot import pyenv
@@ -114,16 +114,13 @@ def _items(value: object, what: str) -> list[Any]:
 
 
 def _descriptor(value: object, what: str) -> tuple[str, int, str]:
-    """(digest, size, media type) of a descriptor, each checked."""
-    d = _obj(value, what)
-    digest, size, kind = d.get("digest"), d.get("size"), d.get("mediaType", "")
-    if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
-        raise _Bad(f"{what} has no sha256 digest")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise _Bad(f"{what} has no size")
-    if not isinstance(kind, str):
-        raise _Bad(f"{what} has no media type")
-    return digest, size, kind
+    """(digest, size, media type) of a descriptor, by the one descriptor rule
+    (:meth:`envbuild.oci.layout.Descriptor.from_json`)."""
+    try:
+        d = Descriptor.from_json(value, Path(what))
+    except InputFileError as exc:
+        raise _Bad(exc.message) from None
+    return d.digest, d.size, d.media_type
 
 
 def _json(body: bytes, what: str) -> dict[str, Any]:
